@@ -1,0 +1,241 @@
+"""``edgespec`` command line: export, chat, generate, info (and bench/eval).
+
+Every user error ends as one line on stderr and exit code 2 (1 for runtime failures); never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import paths
+from .errors import EdgespecError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage block
+        print(f"edgespec: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _nonneg_int(s: str) -> int:
+    v = int(s)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be ≥ 0, got {v}")
+    return v
+
+
+def _pos_int(s: str) -> int:
+    v = int(s)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be ≥ 1, got {v}")
+    return v
+
+
+def _temperature(s: str) -> float:
+    v = float(s)
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number ≥ 0, got {s}")
+    return v
+
+
+def _top_p(s: str) -> float:
+    v = float(s)
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {s}")
+    return v
+
+
+def _add_generation_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", nargs="?", help="export directory (default: the default pair in the user cache)")
+    p.add_argument("--temperature", type=_temperature, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=_nonneg_int, default=0, help="0 = off")
+    p.add_argument("--top-p", type=_top_p, default=1.0, help="1 = off")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=_pos_int, default=512)
+    p.add_argument("--k", type=_nonneg_int, default=None, help="fixed draft length K (default: adaptive)")
+    p.add_argument("--latency-budget-ms", type=float, default=None,
+                   help="keep each round's predicted time under this many ms (adaptive K)")
+    p.add_argument("--mode", choices=("spec", "plain"), default="spec")
+    p.add_argument("--provider", default="cpu", help="execution provider: cpu, xnnpack, qnn, nnapi, … (default cpu)")
+    p.add_argument("--threads", type=_pos_int, default=None, help="onnxruntime intra-op threads")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="edgespec", description="Lossless speculative sampling on onnxruntime.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("export", help="export a draft/target pair to quantized ONNX graphs")
+    p.add_argument("pair", nargs="?", help="pair recipe name (default: %s)" % paths.DEFAULT_PAIR)
+    p.add_argument("--target", help="GGUF file, HF directory, hub id or recipe name")
+    p.add_argument("--draft", help="GGUF file, HF directory, hub id or recipe name")
+    p.add_argument("--out", help="output directory (default: user cache, by pair name)")
+    p.add_argument("--precision", choices=("int4", "int8", "fp32"), default="int4")
+    p.add_argument("--draft-precision", choices=("int4", "int8", "fp32"), default=None,
+                   help="precision of the draft (default: same as --precision)")
+    p.add_argument("--block-size", type=int, default=32, help="int4 block size (default 32)")
+    p.add_argument("--accuracy-level", type=int, default=4, help="int4 MatMulNBits accuracy level (default 4)")
+    p.add_argument("--lm-head-bits", type=int, choices=(4, 8, 32), default=None,
+                   help="keep the output head at this many bits")
+
+    p = sub.add_parser("chat", help="interactive chat (streams; /reset /stats /exit)")
+    _add_generation_options(p)
+    p.add_argument("--show-accept", action="store_true", help="underline text that came from accepted draft tokens")
+    p.add_argument("--system", default=None, help="system prompt")
+
+    p = sub.add_parser("generate", help="one completion for scripts (prompt from --prompt or stdin)")
+    _add_generation_options(p)
+    p.add_argument("--prompt", help="the user message (default: read stdin)")
+    p.add_argument("--raw", action="store_true", help="no chat template: the prompt is fed as is")
+    p.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
+
+    p = sub.add_parser("info", help="print an export's manifest and validation figures")
+    p.add_argument("dir", nargs="?")
+    p.add_argument("--json", action="store_true")
+    return parser
+
+
+def _export_dir(arg: str | None, auto_export: bool) -> Path:
+    if arg is not None:
+        return Path(arg)
+    d = paths.default_export_dir()
+    if not (d / "edgespec.json").is_file() and auto_export:
+        print(f"edgespec: the default pair {paths.DEFAULT_PAIR} is not exported yet; exporting it to {d} "
+              "(once; takes several minutes)", file=sys.stderr)
+        try:
+            from edgespec_export import export_pair
+        except ImportError:
+            raise EdgespecError("the exporter is not installed: pip install 'edgespec[export]'") from None
+        export_pair(None, None)
+    return d
+
+
+def _cmd_export(a) -> int:
+    try:
+        from edgespec_export import ExportOptions, export_pair
+    except ImportError:
+        raise EdgespecError("the exporter is not installed: pip install 'edgespec[export]'") from None
+    t = ExportOptions(a.precision, a.block_size, a.accuracy_level, a.lm_head_bits)
+    d = ExportOptions(a.draft_precision or a.precision, a.block_size, a.accuracy_level, a.lm_head_bits)
+    target, draft = a.target, a.draft
+    if a.pair is not None:
+        if target or draft:
+            raise EdgespecError("give either a pair recipe or --target/--draft, not both")
+        target = a.pair
+        import edgespec_models
+
+        if a.pair not in edgespec_models.available():
+            raise EdgespecError(f"unknown pair recipe {a.pair!r} (known: {', '.join(edgespec_models.available())})")
+    out = export_pair(target, draft, a.out, t, d)
+    print(out)
+    return 0
+
+
+def _cmd_info(a) -> int:
+    from .manifest import load_manifest
+
+    d = _export_dir(a.dir, auto_export=False)
+    m = load_manifest(d)
+    if a.json:
+        print(m.to_json())
+        return 0
+    print(f"{m.name}  ({d})")
+    for role in ("target", "draft"):
+        g = getattr(m, role)
+        q = g.quantization
+        print(f"{role}: {g.architecture}, {g.num_layers} layers, {g.num_kv_heads} KV heads × {g.head_dim}, "
+              f"logits {g.vocab_size}, {q.precision}"
+              + (f" (block {q.block_size}, accuracy level {q.accuracy_level})" if q.block_size else "")
+              + f", lm_head {q.lm_head_bits} bits")
+        print(f"  source: {g.source}  sha256 {g.source_sha256[:16]}…")
+        v = g.validation.get("fp32", {})
+        if v:
+            print(f"  fp32 vs PyTorch max|Δ|: prefill {v['max_abs_prefill']:.1e}, with past "
+                  f"{v['max_abs_with_past']:.1e}; with past vs full recompute {v['max_abs_past_vs_full']:.1e}")
+        qv = g.validation.get("quantized")
+        if qv:
+            print(f"  {q.precision} vs fp32: greedy agreement {qv['greedy_agreement']:.3f} over {qv['positions']} "
+                  f"positions, max|Δ logit| {qv['max_abs_logit_error']:.2f}")
+    st = m.special_tokens
+    print(f"stop tokens: {list(st.stop)}; eos {st.eos}; context {min(m.target.context_length, m.draft.context_length)}")
+    return 0
+
+
+def _load(a):
+    from .decoder import SpecDecoder
+
+    d = _export_dir(a.dir, auto_export=True)
+    return SpecDecoder.load(d, provider=a.provider, threads=a.threads, load_draft=a.mode == "spec")
+
+
+def _k_policy(a, decoder):
+    if a.k is not None:
+        if a.latency_budget_ms is not None:
+            raise EdgespecError("--k fixes K; --latency-budget-ms needs adaptive K (drop --k)")
+        return a.k
+    from .adaptive import AdaptiveK
+
+    return AdaptiveK.for_decoder(decoder, latency_budget_ms=a.latency_budget_ms)
+
+
+def _gen_kwargs(a, decoder) -> dict:
+    return dict(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
+                seed=a.seed, k=_k_policy(a, decoder) if a.mode == "spec" else 0, mode=a.mode)
+
+
+def _cmd_generate(a) -> int:
+    prompt = a.prompt if a.prompt is not None else sys.stdin.read()
+    if not prompt.strip():
+        raise EdgespecError("empty prompt (give --prompt TEXT or text on stdin)")
+    dec = _load(a)
+    kw = _gen_kwargs(a, dec)
+    g = dec.generate(prompt, **kw) if a.raw else dec.generate(messages=[{"role": "user", "content": prompt}], **kw)
+    if a.json:
+        g.run()
+        print(json.dumps({"text": g.text, "token_ids": g.token_ids, "stats": g.stats.to_dict()}))
+        return 0
+    for piece in g:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    print(format_stats(g.stats), file=sys.stderr)
+    return 0
+
+
+def format_stats(s) -> str:
+    """One line: tokens, tok/s, alpha, mean accepted length, K, timings."""
+    line = f"[{s.new_tokens} tokens, {s.tokens_per_s:.2f} tok/s, prefill {s.prefill_ms:.0f} ms"
+    if s.mode == "spec":
+        ks = s.k_per_round
+        line += (f", alpha {s.alpha:.2f}, {s.mean_accepted_length:.2f} tokens/round, "
+                 f"mean K {sum(ks) / max(len(ks), 1):.1f}, draft {s.draft_ms:.0f} ms, verify {s.verify_ms:.0f} ms")
+    return line + "]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    try:
+        if a.command == "export":
+            return _cmd_export(a)
+        if a.command == "info":
+            return _cmd_info(a)
+        if a.command == "generate":
+            return _cmd_generate(a)
+        if a.command == "chat":
+            from .chat import run_chat
+
+            return run_chat(a, _load(a), _gen_kwargs)
+    except (EdgespecError, ValueError) as e:
+        print(f"edgespec: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nedgespec: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

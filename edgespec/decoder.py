@@ -1,0 +1,279 @@
+"""The speculative decoder: prefill, the speculative round, generation, and the embeddable API.
+
+State between calls is the committed token list and the two KV caches, so a follow-up prompt that extends
+the previous conversation reuses every cached position of their common prefix (multi-turn KV reuse).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from .errors import EdgespecError
+from .kpolicy import FixedK, KPolicy
+from .manifest import Manifest, load_manifest
+from .onnx_model import KVCache, OnnxLM
+from .sampling import SamplingParams, accept_reject, probs, sample
+from .stats import GenerationStats
+from .text import ChatTemplate, IncrementalDetokenizer, load_tokenizer
+
+PREFILL_CHUNK = 256
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if len(diff) else n
+
+
+class SpecDecoder:
+    """Target + draft graphs of one export, with their caches and the committed tokens.
+
+    Not thread-safe: one generation at a time per decoder.
+    """
+
+    def __init__(self, target: OnnxLM, draft: OnnxLM | None, tokenizer, stop_ids, context_length: int,
+                 template: ChatTemplate | None = None, manifest: Manifest | None = None):
+        self.target, self.draft = target, draft
+        self.tokenizer = tokenizer
+        self.stop_ids = frozenset(int(s) for s in stop_ids)
+        self.context_length = int(context_length)
+        self.template = template
+        self.manifest = manifest
+        self.width = target.spec.vocab_size  # q is defined over the target's vocabulary
+        self.reset()
+
+    @classmethod
+    def load(cls, export_dir: str | Path, provider: str = "cpu", threads: int | None = None,
+             context_length: int | None = None, load_draft: bool = True) -> "SpecDecoder":
+        """Open an export directory written by ``edgespec export``.
+
+        Raises:
+            EdgespecError: not a complete export, or the execution provider is unavailable.
+        """
+        export_dir = Path(export_dir)
+        m = load_manifest(export_dir)
+        tok = load_tokenizer(export_dir / m.tokenizer)
+        template = None
+        if m.chat_template:
+            bos = tok.id_to_token(m.special_tokens.bos) if m.special_tokens.bos is not None else ""
+            template = ChatTemplate((export_dir / m.chat_template).read_text(), bos or "",
+                                    tok.id_to_token(m.special_tokens.eos) or "")
+        target = OnnxLM(m.target, export_dir, provider, threads)
+        draft = OnnxLM(m.draft, export_dir, provider, threads) if load_draft else None
+        ctx = min(m.target.context_length, m.draft.context_length)
+        if context_length is not None:
+            ctx = min(ctx, context_length)
+        return cls(target, draft, tok, m.special_tokens.stop, ctx, template, m)
+
+    def reset(self) -> None:
+        """Forget the conversation: empty both caches."""
+        self.tokens: list[int] = []
+        self.tcache: KVCache = self.target.new_cache()
+        self.dcache: KVCache | None = self.draft.new_cache() if self.draft else None
+
+    # -- prompts ---------------------------------------------------------------------------------------
+
+    def encode(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
+        """Token ids int64 of a raw prompt, or of chat ``messages`` rendered with the chat template.
+
+        Raises:
+            ValueError: neither or both given, or an empty prompt.
+        """
+        if (prompt is None) == (messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        if messages is not None:
+            if not messages:
+                raise ValueError("messages is empty")
+            if self.template is None:
+                raise ValueError("this export has no chat template; pass a raw prompt")
+            prompt = self.template.render(messages, add_generation_prompt=True)
+        ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
+        if not ids:
+            raise ValueError("the prompt is empty")
+        return ids
+
+    # -- the three steps -------------------------------------------------------------------------------
+
+    def _prefill(self, ids: list[int], sp: SamplingParams, rng: np.random.Generator) -> int:
+        """Bring the target cache to ``ids[:-0]`` (reusing the common prefix) and sample the first new token."""
+        keep = min(_common_prefix(self.tokens, ids), len(ids) - 1)
+        self.tcache.crop(keep)  # rollback site for a new prompt: drop what the new prompt does not share
+        if self.dcache is not None:
+            self.dcache.crop(keep)
+        self.tokens = list(ids)
+        pending = ids[self.tcache.length:]
+        for i in range(0, len(pending), PREFILL_CHUNK):
+            logits = self.target.forward(pending[i:i + PREFILL_CHUNK], self.tcache)
+        x = sample(probs(logits[-1], sp), rng)
+        self.tokens.append(x)
+        return x
+
+    def _plain_step(self, sp: SamplingParams, rng: np.random.Generator) -> int:
+        logits = self.target.forward(self.tokens[-1:], self.tcache)
+        return sample(probs(logits[-1], sp), rng)
+
+    def _spec_round(self, k: int, sp: SamplingParams, rng: np.random.Generator,
+                    stats: GenerationStats) -> tuple[list[int], int, float, float]:
+        """One speculative round (Leviathan et al. 2023, Algorithm 1).
+
+        Returns (new tokens, accepted draft tokens, draft ms, verify ms).
+
+        Invariant on entry: the target cache holds positions 0..L-1 of ``self.tokens``; ``self.tokens[L]``
+        (``last``) is committed but not cached; the draft cache holds 0..Ld-1 with Ld ≤ L (it lags after
+        plain steps or full acceptance and catches up in step 1).
+        """
+        L = len(self.tokens) - 1
+        # 1. draft: feed what the draft has not seen (at least `last`), then K tokens from q
+        t0 = time.perf_counter()
+        feed, drafted, q = self.tokens[self.dcache.length:], [], []
+        for _ in range(k):
+            logits = self.draft.forward(feed, self.dcache)[-1]
+            q.append(probs(logits, sp, self.width))
+            drafted.append(sample(q[-1], rng))
+            feed = drafted[-1:]
+        t1 = time.perf_counter()
+        # 2. verify: the target scores `last` and all K drafted tokens in one run → p (K+1, V)
+        p = probs(self.target.forward([self.tokens[-1]] + drafted, self.tcache), sp)
+        t2 = time.perf_counter()
+        # 3. accept: min(1, p/q) per token; correction from norm(max(0, p-q)) or a bonus token from p_{K+1}
+        n, x = accept_reject(np.asarray(drafted), np.stack(q), p, rng)
+        # 4. roll back both caches to the committed length L + 1 + n (the draft keeps ≤ that; 5. catch-up is
+        #    the next round's step 1)
+        self.tcache.crop(L + 1 + n)
+        self.dcache.crop(L + 1 + n)
+        draft_ms, verify_ms = (t1 - t0) * 1e3, (t2 - t1) * 1e3
+        stats.draft_ms += draft_ms
+        stats.verify_ms += verify_ms
+        stats.proposed += k
+        stats.accepted += n
+        stats.corrections += int(n < k)
+        stats.bonus += int(n == k)
+        stats.record_position(k, n)
+        return drafted[:n] + [x], n, draft_ms, verify_ms
+
+    # -- generation ------------------------------------------------------------------------------------
+
+    def generate_ids(self, input_ids: list[int], max_new_tokens: int = 256, sampling: SamplingParams = SamplingParams(),
+                     seed: int | None = None, k: int | KPolicy = 4, mode: str = "spec",
+                     stats: GenerationStats | None = None) -> Iterator[tuple[list[int], int]]:
+        """Yield ``(new token ids, how many of them are accepted draft tokens)`` per target run.
+
+        Stop tokens end generation and are not yielded. ``max_new_tokens`` is never exceeded; K is clamped
+        so that every verified position stays inside the context. ``stats`` (if given) is filled in place.
+
+        Raises:
+            ValueError: empty prompt, prompt not shorter than the context, bad mode/K/max_new_tokens.
+        """
+        if mode not in ("spec", "plain"):
+            raise ValueError(f"mode must be 'spec' or 'plain', got {mode!r}")
+        if mode == "spec" and self.draft is None:
+            raise ValueError("this decoder was loaded without its draft; use mode='plain'")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
+        policy = FixedK(k) if isinstance(k, int) else k
+        if len(input_ids) == 0:
+            raise ValueError("the prompt is empty")
+        if len(input_ids) >= self.context_length:
+            raise ValueError(f"the prompt is {len(input_ids)} tokens; the context holds {self.context_length}")
+        return self._generate(list(input_ids), max_new_tokens, sampling, seed, policy, mode,
+                              stats if stats is not None else GenerationStats())
+
+    def _generate(self, input_ids, max_new_tokens, sampling, seed, policy, mode, stats):
+        stats.mode, stats.prompt_tokens = mode, len(input_ids)
+        rng = np.random.default_rng(seed)
+        t_start = time.perf_counter()
+        x = self._prefill(input_ids, sampling, rng)
+        stats.prefill_ms = (time.perf_counter() - t_start) * 1e3
+        new, n_draft = [x], 0
+        while True:
+            stop = next((i for i, t in enumerate(new) if t in self.stop_ids), None)
+            if stop is not None:
+                new, stats.stop_reason = new[:stop], "stop_token"
+            new = new[:max_new_tokens - stats.new_tokens]
+            stats.new_tokens += len(new) + (stop is not None)
+            yield new, min(n_draft, len(new))
+            stats.wall_ms = (time.perf_counter() - t_start) * 1e3
+            if stop is not None:
+                break
+            remaining = max_new_tokens - stats.new_tokens
+            L = len(self.tokens) - 1
+            if remaining <= 0:
+                stats.stop_reason = "max_new_tokens"
+                break
+            if L >= self.context_length:
+                stats.stop_reason = "context"
+                break
+            t0 = time.perf_counter()
+            kk = 0 if mode == "plain" else max(0, min(policy.choose(), remaining - 1, self.context_length - 1 - L))
+            if kk == 0:
+                new, n_draft = [self._plain_step(sampling, rng)], 0
+                draft_ms, verify_ms = 0.0, (time.perf_counter() - t0) * 1e3
+                stats.plain_steps += 1
+                stats.verify_ms += verify_ms
+            else:
+                new, n_draft, draft_ms, verify_ms = self._spec_round(kk, sampling, rng, stats)
+            dt = (time.perf_counter() - t0) * 1e3
+            stats.rounds += 1
+            stats.k_per_round.append(kk)
+            stats.round_ms.append(dt)
+            if mode == "spec":
+                policy.observe(kk, n_draft, draft_ms, verify_ms)
+            self.tokens.extend(new)
+        stats.wall_ms = (time.perf_counter() - t_start) * 1e3
+
+    def generate(self, prompt: str | None = None, *, messages: list[dict] | None = None,
+                 input_ids: list[int] | None = None, max_new_tokens: int = 256, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, seed: int | None = None, k: int | KPolicy = 4,
+                 mode: str = "spec") -> "Generation":
+        """Generate from a raw prompt, chat messages, or token ids; iterate the result for text pieces.
+
+        Returns a :class:`Generation`: iterating it streams text (str), then ``.stats``, ``.text`` and
+        ``.token_ids`` hold the outcome. Raises ValueError for invalid arguments (before any work).
+        """
+        sp = SamplingParams(temperature, top_k, top_p)
+        if input_ids is None:
+            input_ids = self.encode(prompt, messages)
+        if isinstance(k, int) and k < 0:
+            raise ValueError(f"k must be ≥ 0, got {k}")
+        stats = GenerationStats()
+        it = self.generate_ids(list(input_ids), max_new_tokens, sp, seed, k, mode, stats)
+        return Generation(it, self.tokenizer, stats)
+
+
+class Generation:
+    """A running generation: iterate for text pieces; ``chunks()`` also tells which came from the draft."""
+
+    def __init__(self, events: Iterator[tuple[list[int], int]], tokenizer, stats: GenerationStats):
+        self._events = events
+        self._detok = IncrementalDetokenizer(tokenizer)
+        self.stats = stats
+        self.token_ids: list[int] = []
+        self.text = ""
+
+    def chunks(self) -> Iterator[tuple[str, bool]]:
+        """Yield ``(text, from_draft)``: ``from_draft`` marks text of accepted draft tokens."""
+        for ids, n_draft in self._events:
+            for i, t in enumerate(ids):
+                self.token_ids.append(t)
+                piece = self._detok.push([t])
+                if piece:
+                    self.text += piece
+                    yield piece, i < n_draft
+        tail = self._detok.flush()
+        if tail:
+            self.text += tail
+            yield tail, False
+
+    def __iter__(self) -> Iterator[str]:
+        for piece, _ in self.chunks():
+            yield piece
+
+    def run(self) -> "Generation":
+        """Consume the whole generation; returns self."""
+        for _ in self.chunks():
+            pass
+        return self

@@ -1,0 +1,114 @@
+"""An exported causal LM graph on onnxruntime, and its KV cache.
+
+The cache knows its length; rollback is :meth:`KVCache.crop`, called at one site in the decoder. Position ids
+default to the cache length, so they always equal the number of committed tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from .errors import EdgespecError
+from .manifest import GraphSpec
+
+PROVIDERS = {
+    "cpu": "CPUExecutionProvider",
+    "xnnpack": "XnnpackExecutionProvider",
+    "qnn": "QNNExecutionProvider",
+    "nnapi": "NnapiExecutionProvider",
+    "coreml": "CoreMLExecutionProvider",
+    "openvino": "OpenVINOExecutionProvider",
+    "dml": "DmlExecutionProvider",
+}
+
+
+def provider_name(provider: str) -> str:
+    """onnxruntime's name for ``provider`` (short name like ``cpu``/``qnn`` or the full name).
+
+    Raises:
+        EdgespecError: the provider is unknown or not in this onnxruntime build.
+    """
+    full = PROVIDERS.get(provider.lower(), provider)
+    available = ort.get_available_providers()
+    if full not in available:
+        short = [k for k, v in PROVIDERS.items() if v in available]
+        raise EdgespecError(f"execution provider {provider!r} is not available in this onnxruntime "
+                            f"(available: {', '.join(short or available)})")
+    return full
+
+
+class KVCache:
+    """Per-layer past keys and values, float32 (1, kv_heads, length, head_dim) each."""
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int):
+        empty = np.zeros((1, num_kv_heads, 0, head_dim), dtype=np.float32)
+        self.tensors: list[np.ndarray] = [empty] * (2 * num_layers)
+
+    @property
+    def length(self) -> int:
+        """Number of cached positions."""
+        return self.tensors[0].shape[2]
+
+    def crop(self, n: int) -> None:
+        """Keep positions 0..n-1 (no copy; onnxruntime copies on the next feed)."""
+        if n < self.length:
+            self.tensors = [t[:, :, :n] for t in self.tensors]
+
+
+def causal_mask(past: int, new: int) -> np.ndarray:
+    """bool (1, 1, T, P+T): each new query sees all past keys and the new keys up to itself."""
+    m = np.ones((new, past + new), dtype=bool)
+    m[:, past:] = np.tril(np.ones((new, new), dtype=bool))
+    return m[None, None]
+
+
+class OnnxLM:
+    """One graph of an export (target or draft) in an onnxruntime session."""
+
+    def __init__(self, spec: GraphSpec, export_dir: str | Path, provider: str = "cpu", threads: int | None = None):
+        self.spec = spec
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.intra_op_num_threads = threads or (os.cpu_count() or 1)
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        path = Path(export_dir) / spec.path
+        try:
+            self.session = ort.InferenceSession(str(path), so, providers=[provider_name(provider)])
+        except EdgespecError:
+            raise
+        except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph types
+            raise EdgespecError(f"{path}: onnxruntime cannot load this graph ({str(e).splitlines()[0]})") from None
+        self._past = [n for pair in spec.past_names() for n in pair]
+        self._outputs = ["logits"] + [f"present.{i}.{kind}" for i in range(spec.num_layers)
+                                      for kind in ("key", "value")]
+        self.calls = 0
+        self.ms = 0.0
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim)
+
+    def forward(self, ids, cache: KVCache, position_ids: np.ndarray | None = None,
+                mask: np.ndarray | None = None) -> np.ndarray:
+        """Run ``ids`` int64 (T,) after the cached positions; appends T positions to ``cache``.
+
+        ``position_ids`` int64 (T,) defaults to ``cache.length + arange(T)``; ``mask`` bool (1, 1, T, P+T)
+        defaults to causal. Returns logits float32 (T, V).
+        """
+        ids = np.asarray(ids, dtype=np.int64)
+        p, t = cache.length, len(ids)
+        if position_ids is None:
+            position_ids = np.arange(p, p + t, dtype=np.int64)
+        feeds = {"input_ids": ids[None], "position_ids": np.asarray(position_ids, dtype=np.int64)[None],
+                 "attention_mask": causal_mask(p, t) if mask is None else mask}
+        feeds.update(zip(self._past, cache.tensors))
+        t0 = time.perf_counter()
+        out = self.session.run(self._outputs, feeds)
+        self.ms += (time.perf_counter() - t0) * 1e3
+        self.calls += 1
+        cache.tensors = out[1:]
+        return out[0][0]

@@ -1,0 +1,124 @@
+"""Logits processing and the speculative accept/reject rule.
+
+Leviathan et al. 2023 ("Fast Inference from Transformers via Speculative Decoding", Algorithm 1) and Chen et
+al. 2023 ("Accelerating LLM Decoding with Speculative Sampling", Algorithm 2): ``p`` is the target's
+distribution, ``q`` the draft's. Draft token ``x`` at position i is accepted with probability
+``min(1, p_i(x) / q_i(x))``; at the first rejection the replacement is drawn from ``norm(max(0, p_i - q_i))``;
+if all K are accepted a bonus token is drawn from ``p_{K+1}``. The emitted tokens are then distributed exactly
+as sampling from ``p`` alone. Greedy decoding (temperature 0) is the same rule on one-hot ``p`` and ``q``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+TOP_P_CANDIDATES = 1024
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How logits become a distribution. ``temperature`` 0 is greedy; ``top_k`` 0 and ``top_p`` 1 disable them.
+
+    Raises:
+        ValueError: temperature < 0, top_k < 0, or top_p outside (0, 1].
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if not (self.temperature >= 0 and np.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number ≥ 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be ≥ 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def probs(logits: np.ndarray, sp: SamplingParams, width: int | None = None) -> np.ndarray:
+    """Processed distribution(s): float64 (..., W) from logits float32 (..., V).
+
+    Applies temperature, then top-k, then top-p (nucleus: the smallest set of most likely tokens whose mass
+    reaches top_p), then renormalizes. Greedy gives a one-hot at argmax (first index on ties). ``width`` pads
+    with zeros (ids the model cannot produce) or truncates to a common vocabulary width.
+    """
+    logits = np.asarray(logits)
+    if width is not None and width != logits.shape[-1]:
+        if width < logits.shape[-1]:
+            logits = logits[..., :width]
+        else:
+            pad = np.full(logits.shape[:-1] + (width - logits.shape[-1],), -np.inf, dtype=logits.dtype)
+            logits = np.concatenate([logits, pad], axis=-1)
+    if logits.ndim > 1:
+        return np.stack([probs(row, sp) for row in logits.reshape(-1, logits.shape[-1])]).reshape(
+            logits.shape[:-1] + (logits.shape[-1],))
+    v = logits.shape[-1]
+    if sp.greedy:
+        out = np.zeros(v, dtype=np.float64)
+        out[int(np.argmax(logits))] = 1.0
+        return out
+    z = logits.astype(np.float64) / sp.temperature
+    if 0 < sp.top_k < v:
+        cand = np.argpartition(-z, sp.top_k - 1)[: sp.top_k]
+    else:
+        cand = None
+    if sp.top_p < 1:
+        pool = cand if cand is not None else np.argpartition(-z, min(TOP_P_CANDIDATES, v) - 1)[:TOP_P_CANDIDATES]
+        zp = z[pool]
+        full = np.exp(z - zp.max())
+        total = full.sum() if cand is None else full[cand].sum()
+        order = pool[np.argsort(-zp, kind="stable")]
+        cum = np.cumsum(full[order]) / total
+        n = int(np.searchsorted(cum, sp.top_p)) + 1  # smallest prefix with mass ≥ top_p
+        if n > len(order):  # mass beyond the candidate pool: sort everything
+            order = np.argsort(-z, kind="stable") if cand is None else order
+            cum = np.cumsum(full[order]) / total
+            n = int(np.searchsorted(cum, sp.top_p)) + 1
+        cand = order[: min(n, len(order))]
+    out = np.zeros(v, dtype=np.float64)
+    if cand is None:
+        e = np.exp(z - z.max())
+        return e / e.sum()
+    e = np.exp(z[cand] - z[cand].max())
+    out[cand] = e / e.sum()
+    return out
+
+
+def sample(dist: np.ndarray, rng: np.random.Generator) -> int:
+    """One token id drawn from ``dist`` float (V,), non-negative, not necessarily normalized."""
+    c = np.cumsum(dist)
+    return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(c) - 1))
+
+
+def accept_reject(draft_tokens: np.ndarray, q: np.ndarray, p: np.ndarray,
+                  rng: np.random.Generator) -> tuple[int, int]:
+    """Leviathan et al. 2023, Algorithm 1 (steps after the draft and the parallel target run).
+
+    Args:
+        draft_tokens: int64 (K,) proposed ids, ``draft_tokens[i] ~ q[i]``.
+        q: float (K, V) the draft's processed distributions.
+        p: float (K+1, V) the target's processed distributions at the same positions, plus one.
+        rng: the generator that decides acceptance and samples the replacement.
+
+    Returns:
+        ``(n, token)``: the first n draft tokens are accepted; ``token`` is the correction drawn from
+        norm(max(0, p_n - q_n)) when n < K, or the bonus token drawn from p_K when n == K.
+    """
+    k = len(draft_tokens)
+    for i in range(k):
+        x = int(draft_tokens[i])
+        px, qx = p[i, x], q[i, x]
+        if qx > 0 and rng.random() * qx < px:  # u < p/q without dividing
+            continue
+        residual = np.maximum(p[i] - q[i], 0.0)
+        if residual.sum() <= 0:  # p ≤ q everywhere means p == q: cannot reject; guard rounding
+            residual = p[i]
+        return i, sample(residual, rng)
+    return k, sample(p[k], rng)

@@ -1,0 +1,71 @@
+"""Generation statistics: returned, never printed."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class GenerationStats:
+    """Counters of one generation.
+
+    Invariants: ``accepted ≤ proposed``; ``rounds = len(k_per_round)``; ``sum(accepted_per_position) ==
+    accepted``; every spec round ends with exactly one correction or one bonus token, and every plain
+    step (K = 0) with one target token; so ``new_tokens ≤ 1 + accepted + corrections + bonus + plain_steps``
+    (less when a stop token or ``max_new_tokens`` cuts a round short).
+    """
+
+    mode: str = "spec"
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    rounds: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    corrections: int = 0
+    bonus: int = 0
+    plain_steps: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    proposed_per_position: list[int] = field(default_factory=list)
+    k_per_round: list[int] = field(default_factory=list)
+    round_ms: list[float] = field(default_factory=list)
+    prefill_ms: float = 0.0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    wall_ms: float = 0.0
+    stop_reason: str = ""
+
+    def record_position(self, k: int, n: int) -> None:
+        """Count a round that proposed ``k`` and accepted the first ``n`` draft tokens."""
+        while len(self.proposed_per_position) < k:
+            self.proposed_per_position.append(0)
+            self.accepted_per_position.append(0)
+        for i in range(k):
+            self.proposed_per_position[i] += 1
+            self.accepted_per_position[i] += int(i < n)
+
+    @property
+    def alpha(self) -> float:
+        """Acceptance rate: accepted / proposed draft tokens, in [0, 1] (0 when nothing was proposed)."""
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens committed per target run after prefill (accepted + the correction/bonus/plain token)."""
+        return (self.new_tokens - 1) / self.rounds if self.rounds else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """New tokens per second of wall time, prefill included (tok/s)."""
+        return self.new_tokens / (self.wall_ms / 1e3) if self.wall_ms > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after the first per second after prefill (tok/s)."""
+        t = (self.wall_ms - self.prefill_ms) / 1e3
+        return (self.new_tokens - 1) / t if t > 0 and self.new_tokens > 1 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(alpha=self.alpha, mean_accepted_length=self.mean_accepted_length,
+                 tokens_per_s=self.tokens_per_s, decode_tokens_per_s=self.decode_tokens_per_s)
+        return d

@@ -1,0 +1,203 @@
+"""Load a resolved source into transformers: config and tokenizer first (cheap), weights later (heavy).
+
+GGUF tokenizers are repaired here: transformers' GGUF conversion registers only a few added tokens, so the
+control and user-defined tokens of the GGUF vocabulary (``<|fim_prefix|>``, ``<tool_call>``, …) would be split
+into pieces. Every such token is re-registered at its GGUF id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from dataclasses import dataclass
+
+from edgespec.errors import EdgespecError
+
+from .onnx_graph import SUPPORTED_ARCHITECTURES
+from .sources import Source
+
+GGUF_CONTROL, GGUF_USER_DEFINED = 3, 4
+STOP_TOKEN_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|end|>")
+
+
+@dataclass
+class ModelInfo:
+    """What the pair check needs, read without loading weights."""
+
+    source: Source
+    config: object
+    tokenizer: object  # transformers PreTrainedTokenizerFast
+    tokenizer_sha256: str
+    chat_template: str | None
+    eos: int
+    bos: int | None
+    pad: int | None
+    stop: tuple[int, ...]
+
+    @property
+    def logits_width(self) -> int:
+        return int(self.config.vocab_size)
+
+
+def _pretrained_args(source: Source) -> tuple[str, dict]:
+    if source.kind == "gguf":
+        return str(source.path.parent), {"gguf_file": source.path.name}
+    if source.kind == "hf":
+        return str(source.path), {}
+    return source.ref, {}
+
+
+def _gguf_special_tokens(path) -> list[tuple[int, str, bool]]:
+    """``[(id, text, special)]`` for every control (special) and user-defined (not special) GGUF token."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    types = reader.fields["tokenizer.ggml.token_type"]
+    out = []
+    for i, idx in enumerate(types.data):
+        t = int(types.parts[idx][0])
+        if t in (GGUF_CONTROL, GGUF_USER_DEFINED):
+            text = bytes(tokens.parts[tokens.data[i]]).decode("utf-8")
+            out.append((i, text, t == GGUF_CONTROL))
+    return out
+
+
+def _gguf_ids(path) -> dict[str, int]:
+    """``{'eos': …, 'bos': …, 'pad': …}`` as the GGUF header states them (transformers may differ)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    out = {}
+    for key, name in (("eos", "eos_token_id"), ("bos", "bos_token_id"), ("pad", "padding_token_id")):
+        f = reader.fields.get(f"tokenizer.ggml.{name}")
+        if f is not None:
+            out[key] = int(f.parts[f.data[0]][0])
+    return out
+
+
+def _repair_gguf_tokenizer(tok, path) -> None:
+    from tokenizers import AddedToken
+
+    have = {t.content for t in tok.backend_tokenizer.get_added_tokens_decoder().values()}
+    vocab = tok.backend_tokenizer.get_vocab(with_added_tokens=True)
+    special, plain = [], []
+    for i, text, is_special in _gguf_special_tokens(path):
+        if text in have:
+            continue
+        if vocab.get(text, i) != i:
+            raise EdgespecError(f"{path}: GGUF token {text!r} has id {i} but the converted vocab says {vocab[text]}")
+        (special if is_special else plain).append(AddedToken(text, special=is_special, normalized=False))
+    if special:
+        tok.backend_tokenizer.add_special_tokens(special)
+    if plain:
+        tok.backend_tokenizer.add_tokens(plain)
+
+
+def tokenizer_sha256(tok) -> str:
+    """Hash of the vocabulary (token → id, added tokens included) and merges; equal hash = same tokenizer."""
+    state = json.loads(tok.backend_tokenizer.to_str())
+    vocab = sorted(tok.backend_tokenizer.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+    merges = state.get("model", {}).get("merges", [])
+    return hashlib.sha256(json.dumps([vocab, merges], ensure_ascii=False).encode()).hexdigest()
+
+
+def describe(source: Source, role: str) -> ModelInfo:
+    """Config, tokenizer and special tokens of a source, without its weights.
+
+    Raises:
+        EdgespecError: unreachable hub id, unreadable files, not a causal LM, or an unsupported architecture.
+    """
+    from transformers import AutoConfig, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name, kw = _pretrained_args(source)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            config = AutoConfig.from_pretrained(name, **kw)
+    except Exception as e:  # transformers raises OSError/ValueError/KeyError for bad or unreachable sources
+        raise EdgespecError(f"{role} {source.ref}: cannot read model config ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    mt = getattr(config, "model_type", "?")
+    if mt not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise EdgespecError(f"{role} {source.ref}: model type {mt!r} is not a causal language model")
+    if mt not in SUPPORTED_ARCHITECTURES:
+        raise EdgespecError(f"{role} {source.ref}: unsupported architecture {mt!r} "
+                            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tok = AutoTokenizer.from_pretrained(name, **kw)
+    except Exception as e:
+        raise EdgespecError(f"{role} {source.ref}: cannot load tokenizer ({type(e).__name__}: {e})") from None
+    if not getattr(tok, "is_fast", False):
+        raise EdgespecError(f"{role} {source.ref}: needs a fast (tokenizers) tokenizer")
+    if source.kind == "gguf":
+        _repair_gguf_tokenizer(tok, source.path)
+    vocab = tok.backend_tokenizer.get_vocab(with_added_tokens=True)
+    eos, bos, pad = tok.eos_token_id, tok.bos_token_id, tok.pad_token_id
+    if source.kind == "gguf":
+        ids = _gguf_ids(source.path)
+        eos, bos, pad = ids.get("eos", eos), ids.get("bos", bos), ids.get("pad", pad)
+    gen_eos = []
+    try:
+        from transformers import GenerationConfig
+
+        gc = GenerationConfig.from_model_config(config)
+        gen_eos = gc.eos_token_id if isinstance(gc.eos_token_id, list) else [gc.eos_token_id]
+    except Exception:
+        pass
+    if eos is None:
+        eos = next((g for g in gen_eos if g is not None), None)
+    if eos is None:
+        raise EdgespecError(f"{role} {source.ref}: the tokenizer defines no end-of-sequence token")
+    stop = {eos, *(g for g in gen_eos if g is not None)}
+    stop |= {vocab[t] for t in STOP_TOKEN_TEXTS if t in vocab}
+    return ModelInfo(source=source, config=config, tokenizer=tok, tokenizer_sha256=tokenizer_sha256(tok),
+                     chat_template=getattr(tok, "chat_template", None), eos=int(eos),
+                     bos=bos, pad=pad, stop=tuple(sorted(int(s) for s in stop)))
+
+
+def check_pair(target: ModelInfo, draft: ModelInfo) -> None:
+    """Refuse a draft that cannot propose tokens for this target, with one line saying why.
+
+    Same tokenizer (hash) and same special-token ids are required. Logits widths may differ (Qwen pads its
+    embedding to 151936 or 152064): the runtime treats draft ids beyond the target's width as impossible and
+    target ids beyond the draft's width as q = 0, which keeps rejection sampling exact.
+    """
+    if target.tokenizer_sha256 != draft.tokenizer_sha256:
+        raise EdgespecError(
+            f"draft and target tokenizers differ (sha256 {draft.tokenizer_sha256[:12]} vs "
+            f"{target.tokenizer_sha256[:12]}): speculative decoding needs one shared vocabulary")
+    for what in ("eos", "bos", "pad"):
+        if getattr(target, what) != getattr(draft, what):
+            raise EdgespecError(f"draft and target disagree on the {what} token id "
+                                f"({getattr(draft, what)} vs {getattr(target, what)})")
+    n_tok = len(target.tokenizer.backend_tokenizer.get_vocab(with_added_tokens=True))
+    for info, role in ((target, "target"), (draft, "draft")):
+        if info.logits_width < n_tok:
+            raise EdgespecError(f"{role} logits width {info.logits_width} is smaller than the tokenizer's "
+                                f"{n_tok} tokens")
+
+
+def load_weights(info: ModelInfo, role: str):
+    """The fp32 PyTorch model, eval mode, eager attention (the traced graph takes a 4-D mask).
+
+    Raises:
+        EdgespecError: the weights cannot be loaded (truncated file, missing shards).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    name, kw = _pretrained_args(info.source)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, attn_implementation="eager",
+                                                         **kw)
+    except Exception as e:
+        raise EdgespecError(f"{role} {info.source.ref}: cannot load weights ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    return model.eval()

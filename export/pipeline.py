@@ -1,0 +1,242 @@
+"""``edgespec export``: sources → pair check → per-model graph (cached) → one atomic export directory.
+
+Each graph is built once per (source sha256, export options) into ``<cache>/graphs/<key>/`` — export,
+validate, quantize, validate, then rename — so an interrupted run leaves only a temporary directory and a
+second export of the same sources is a few hard links. The export directory itself is assembled under a
+temporary name next to ``out`` and renamed into place with the manifest written last.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+import edgespec
+from edgespec import paths
+from edgespec.errors import EdgespecError
+from edgespec.manifest import MANIFEST_NAME, GraphSpec, Manifest, Quantization, SpecialTokens
+
+from .load import ModelInfo, check_pair, describe, load_weights
+from .quantize import PRECISIONS, quantize
+from .sources import Source, resolve_model, resolve_recipe_model
+
+GRAPH_FORMAT = 1  # bump when the traced graph changes, to invalidate cached graphs
+QUANT_POSITIONS = 256
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """Per-graph export settings. ``lm_head_bits`` None keeps the head at the graph's precision."""
+
+    precision: str = "int4"
+    block_size: int = 32
+    accuracy_level: int = 4
+    lm_head_bits: int | None = None
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise EdgespecError(f"precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}")
+        if self.block_size not in (16, 32, 64, 128, 256):
+            raise EdgespecError(f"block size must be 16, 32, 64, 128 or 256, not {self.block_size}")
+        if self.accuracy_level not in (0, 1, 2, 3, 4):
+            raise EdgespecError(f"accuracy level must be 0..4, not {self.accuracy_level}")
+        if self.lm_head_bits not in (None, 4, 8, 32):
+            raise EdgespecError(f"lm_head bits must be 4, 8 or 32, not {self.lm_head_bits}")
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _resolve(target: str | None, draft: str | None) -> tuple[str, Source, Source]:
+    """(pair name, target source, draft source); a recipe name on either side fills the missing side."""
+    import edgespec_models as models
+
+    recipes = models.available()
+    if target is None and draft is None:
+        target = paths.DEFAULT_PAIR
+    name_parts, out = [], {}
+    for role, src in (("target", target), ("draft", draft)):
+        if src is None:
+            continue
+        if src in recipes:
+            recipe = models.load(src)
+            out[role] = ("recipe", recipe, src)
+        else:
+            out[role] = ("src", src, src)
+    for role in ("target", "draft"):
+        if role not in out:
+            other = out["draft" if role == "target" else "target"]
+            if other[0] != "recipe":
+                raise EdgespecError(f"--{role} is missing (give both --target and --draft, or a pair recipe: "
+                                    f"{', '.join(recipes)})")
+            out[role] = other
+    sources = {}
+    for role, (kind, val, label) in out.items():
+        sources[role] = resolve_recipe_model(val[role], role) if kind == "recipe" else resolve_model(val)
+        name_parts.append(label if kind != "recipe" else val["name"])
+    name = name_parts[0] if name_parts[0] == name_parts[1] else "+".join(
+        Path(p.rstrip("/")).name for p in name_parts)
+    return name, sources["target"], sources["draft"]
+
+
+def _cache_key(source: Source, opts: ExportOptions) -> str:
+    blob = json.dumps({"sha": source.sha256, "opts": asdict(opts), "graph": GRAPH_FORMAT}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def build_graph(info: ModelInfo, opts: ExportOptions, role: str) -> tuple[Path, dict]:
+    """The cached graph directory for ``info`` and ``opts`` (built if absent) and its metadata dict."""
+    from .onnx_graph import export_onnx, kv_shape
+    from .validate import FP32_TOLERANCE, validate_fp32, validate_quantized, validation_ids
+
+    final = paths.home() / "graphs" / _cache_key(info.source, opts)
+    if (final / "meta.json").is_file():
+        _log(f"{role}: cached graph {final.name}")
+        return final, json.loads((final / "meta.json").read_text())
+    tmp = final.with_name(final.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        with tqdm(total=4, desc=f"{role}: convert", unit="step", bar_format="{desc} [{n_fmt}/{total_fmt}] {elapsed}") as bar:
+            t0 = time.perf_counter()
+            model = load_weights(info, role)
+            bar.set_description(f"{role}: export ONNX"); bar.update()
+            fp32 = tmp / "fp32.onnx"
+            ins, outs = export_onnx(model, fp32)
+            bar.set_description(f"{role}: validate fp32"); bar.update()
+            layers, kv, hd = kv_shape(model.config)
+            ids = validation_ids(info.tokenizer, QUANT_POSITIONS, info.logits_width)
+            val = {"fp32": validate_fp32(model, fp32, ids)}
+            del model
+            gc.collect()
+            worst = max(val["fp32"][k] for k in ("max_abs_prefill", "max_abs_with_past", "max_abs_past_vs_full"))
+            if worst > FP32_TOLERANCE:
+                raise EdgespecError(f"{role}: fp32 ONNX graph differs from PyTorch by {worst:.2e} "
+                                    f"(> {FP32_TOLERANCE:g}); not writing a broken export")
+            bar.set_description(f"{role}: quantize {opts.precision}"); bar.update()
+            out = tmp / "model.onnx"
+            quantize(fp32, out, opts.precision, opts.block_size, opts.accuracy_level, opts.lm_head_bits)
+            if opts.precision != "fp32":
+                val["quantized"] = validate_quantized(fp32, out, ids, layers, kv, hd)
+            fp32.unlink()
+            (tmp / "fp32.onnx.data").unlink()
+            bar.update()
+        meta = {
+            "architecture": info.config.model_type, "num_layers": layers, "num_kv_heads": kv, "head_dim": hd,
+            "vocab_size": info.logits_width,
+            "context_length": int(getattr(info.config, "max_position_embeddings", 4096)),
+            "quantization": asdict(Quantization(opts.precision, opts.block_size if opts.precision == "int4" else None,
+                                                opts.accuracy_level if opts.precision == "int4" else None,
+                                                opts.lm_head_bits or {"int4": 4, "int8": 8}.get(opts.precision, 32))),
+            "source": info.source.ref, "source_sha256": info.source.sha256,
+            "input_names": ins, "output_names": outs, "validation": val,
+            "build_seconds": round(time.perf_counter() - t0, 1),
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _print_validation(role, meta)
+    return final, meta
+
+
+def _print_validation(role: str, meta: dict) -> None:
+    v = meta["validation"]
+    f = v["fp32"]
+    line = (f"{role}: fp32 vs PyTorch max|Δ| prefill {f['max_abs_prefill']:.1e}, with past "
+            f"{f['max_abs_with_past']:.1e}; past vs full {f['max_abs_past_vs_full']:.1e}")
+    if "quantized" in v:
+        q = v["quantized"]
+        line += (f"; {meta['quantization']['precision']} greedy agreement {q['greedy_agreement']:.3f} over "
+                 f"{q['positions']} positions, max|Δ logit| {q['max_abs_logit_error']:.2f}")
+    _log(line)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise EdgespecError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_NAME).is_file():
+        raise EdgespecError(f"{out}: exists, is not empty and is not an edgespec export; refusing to replace it")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        probe = out.parent / f".edgespec-probe{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise EdgespecError(f"{out}: output directory is not writable ({e.strerror})") from None
+
+
+def export_pair(target: str | None, draft: str | None, out: str | Path | None = None,
+                target_opts: ExportOptions = ExportOptions(), draft_opts: ExportOptions = ExportOptions()) -> Path:
+    """Export a draft/target pair into ``out`` (default: the user cache, by pair name); returns ``out``.
+
+    ``target``/``draft`` are GGUF files, Hugging Face directories, hub ids or pair recipe names (a recipe on
+    one side supplies the other). Raises EdgespecError for any bad input, before heavy work where possible.
+    """
+    t0 = time.perf_counter()
+    if out is not None:
+        _check_out(Path(out))
+    name, t_src, d_src = _resolve(target, draft)
+    out = Path(out) if out is not None else paths.exports_dir() / name
+    _check_out(out)
+    _log(f"reading tokenizers and configs ({name})")
+    t_info, d_info = describe(t_src, "target"), describe(d_src, "draft")
+    check_pair(t_info, d_info)
+    graphs = {role: build_graph(info, opts, role)
+              for role, info, opts in (("target", t_info, target_opts), ("draft", d_info, draft_opts))}
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        specs = {}
+        for role, (gdir, meta) in graphs.items():
+            (tmp / role).mkdir()
+            for f in ("model.onnx", "model.onnx.data"):
+                _link_or_copy(gdir / f, tmp / role / f)
+            meta = {k: v for k, v in meta.items() if k != "build_seconds"}
+            meta["quantization"] = Quantization(**meta["quantization"])
+            meta["input_names"], meta["output_names"] = tuple(meta["input_names"]), tuple(meta["output_names"])
+            specs[role] = GraphSpec(path=f"{role}/model.onnx", **meta)
+        t_info.tokenizer.backend_tokenizer.save(str(tmp / "tokenizer.json"))
+        template = None
+        if t_info.chat_template:
+            template = "chat_template.jinja"
+            (tmp / template).write_text(t_info.chat_template)
+        manifest = Manifest(
+            name=name, target=specs["target"], draft=specs["draft"], tokenizer="tokenizer.json",
+            chat_template=template,
+            special_tokens=SpecialTokens(bos=t_info.bos, eos=t_info.eos, pad=t_info.pad,
+                                         stop=tuple(sorted(set(t_info.stop) | set(d_info.stop)))),
+            tokenizer_sha256=t_info.tokenizer_sha256, edgespec_version=edgespec.__version__,
+            export_seconds=round(time.perf_counter() - t0, 1),
+        )
+        (tmp / MANIFEST_NAME).write_text(manifest.to_json())
+        old = None
+        if out.exists():
+            old = out.with_name(f".{out.name}.old{os.getpid()}")
+            os.replace(out, old)
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _log(f"export complete: {out} ({time.perf_counter() - t0:.0f} s)")
+    return out

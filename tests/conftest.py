@@ -1,0 +1,66 @@
+"""Shared fixtures: an isolated user directory and tiny exported pairs (built once per session)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tinymodels import build_model
+
+
+def pytest_addoption(parser):
+    parser.addoption("--real-pair", action="store_true", help="also run the real Qwen2.5-Coder pair tier")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--real-pair"):
+        return
+    skip = pytest.mark.skip(reason="real-pair tier: run with --real-pair")
+    for item in items:
+        if "real" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def home(tmp_path_factory):
+    """EDGESPEC_HOME for the tiny tier (the real tier keeps the user's cache)."""
+    d = tmp_path_factory.mktemp("edgespec_home")
+    old = os.environ.get("EDGESPEC_HOME")
+    os.environ["EDGESPEC_HOME"] = str(d)
+    yield d
+    if old is None:
+        os.environ.pop("EDGESPEC_HOME", None)
+    else:
+        os.environ["EDGESPEC_HOME"] = old
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    """HF directories: qwen2 target, qwen2 draft (the target with 10% weight noise), llama target."""
+    root = tmp_path_factory.mktemp("hf")
+    return {
+        "target": build_model(root / "target", "qwen2", seed=0, layers=2, hidden=64),
+        "draft": build_model(root / "draft", "qwen2", seed=0, noise=0.1),
+        "llama": build_model(root / "llama", "llama", seed=2, layers=2, hidden=64),
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_export(home, tiny_dirs, tmp_path_factory):
+    """fp32 export of the tiny qwen2 target with the tiny qwen2 draft."""
+    from edgespec_export import ExportOptions, export_pair
+
+    out = tmp_path_factory.mktemp("exports") / "pair"
+    fp32 = ExportOptions(precision="fp32")
+    return export_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), out, fp32, fp32)
+
+
+@pytest.fixture(scope="session")
+def tiny_self_export(home, tiny_dirs, tmp_path_factory):
+    """The tiny target as its own draft (same graph): every draft token must be accepted."""
+    from edgespec_export import ExportOptions, export_pair
+
+    out = tmp_path_factory.mktemp("exports") / "self"
+    fp32 = ExportOptions(precision="fp32")
+    return export_pair(str(tiny_dirs["target"]), str(tiny_dirs["target"]), out, fp32, fp32)

@@ -1,0 +1,159 @@
+"""Tiers (b) and (c): tiny random models exported to ONNX, speculative vs plain, invariants."""
+
+import numpy as np
+import pytest
+
+from edgespec.decoder import SpecDecoder
+from edgespec.kpolicy import KSchedule
+from edgespec.text import IncrementalDetokenizer
+
+
+@pytest.fixture(scope="module")
+def dec(tiny_export):
+    return SpecDecoder.load(tiny_export)
+
+
+@pytest.fixture(scope="module")
+def self_dec(tiny_self_export):
+    return SpecDecoder.load(tiny_self_export)
+
+
+PROMPTS = ["def add(a, b):", "The quick brown", "class Node:\n", "单发"]
+
+
+def _ids(d, prompt):
+    return d.encode(prompt)
+
+
+def _plain(d, ids, n):
+    d.reset()
+    return d.generate(input_ids=ids, max_new_tokens=n, mode="plain").run()
+
+
+class _CheckedSchedule(KSchedule):
+    """Forces K and asserts the cache invariants before every round."""
+
+    def __init__(self, schedule, decoder):
+        super().__init__(schedule)
+        self.d = decoder
+
+    def choose(self):
+        d = self.d
+        assert d.tcache.length == len(d.tokens) - 1  # target: positions 0..L-1, `last` not cached
+        assert d.dcache.length <= d.tcache.length  # the draft may lag, never lead
+        return super().choose()
+
+
+@pytest.mark.parametrize("schedule", [[4], [4, 0, 0, 4, 1, 0, 4]])
+def test_draft_equal_to_target_accepts_everything(self_dec, schedule):
+    ids = _ids(self_dec, "def add(a, b):")
+    plain = _plain(self_dec, ids, 200)
+    self_dec.reset()
+    g = self_dec.generate(input_ids=ids, max_new_tokens=200, k=_CheckedSchedule(schedule, self_dec)).run()
+    s = g.stats
+    assert g.token_ids == plain.token_ids
+    assert s.proposed > 0 and s.accepted == s.proposed and s.corrections == 0
+    assert s.accepted_per_position == s.proposed_per_position
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_speculative_greedy_equals_target_greedy(dec, prompt, k):
+    ids = _ids(dec, prompt)
+    plain = _plain(dec, ids, 60)
+    dec.reset()
+    g = dec.generate(input_ids=ids, max_new_tokens=60, k=k).run()
+    assert g.token_ids == plain.token_ids
+    assert g.text == plain.text
+    s = g.stats
+    assert 0 <= s.accepted <= s.proposed
+    assert sum(s.accepted_per_position) == s.accepted
+    assert s.rounds == len(s.k_per_round) == len(s.round_ms)
+    assert s.new_tokens == len(g.token_ids) + (s.stop_reason == "stop_token")
+
+
+def test_draft_and_target_disagree_sometimes(dec):
+    """The tiny pair is a real test of rejection: the draft is not the target."""
+    dec.reset()
+    g = dec.generate(input_ids=_ids(dec, PROMPTS[0]), max_new_tokens=60, k=4).run()
+    assert g.stats.corrections > 0
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 13, 31])
+def test_max_new_tokens_not_a_multiple_of_k_plus_one(self_dec, n):
+    ids = _ids(self_dec, PROMPTS[1])
+    plain = _plain(self_dec, ids, n)
+    self_dec.reset()
+    g = self_dec.generate(input_ids=ids, max_new_tokens=n, k=4).run()
+    assert g.token_ids == plain.token_ids
+    assert len(g.token_ids) == len(plain.token_ids) <= n
+
+
+def test_stop_token_accepted_mid_block_ends_generation(self_dec):
+    ids = _ids(self_dec, PROMPTS[2])
+    plain = _plain(self_dec, ids, 40)
+    # make the 6th greedy token a stop token: with K=4 it is accepted inside the second block
+    stop_tok = plain.token_ids[5]
+    self_dec.stop_ids = frozenset({stop_tok})
+    try:
+        self_dec.reset()
+        g = self_dec.generate(input_ids=ids, max_new_tokens=40, k=4).run()
+    finally:
+        self_dec.stop_ids = frozenset(self_dec.manifest.special_tokens.stop)
+    first = plain.token_ids.index(stop_tok)
+    assert g.token_ids == plain.token_ids[:first]
+    assert g.stats.stop_reason == "stop_token"
+
+
+def test_sampling_is_reproducible_with_a_seed(dec):
+    ids = _ids(dec, PROMPTS[0])
+    runs = []
+    for _ in range(2):
+        dec.reset()
+        runs.append(dec.generate(input_ids=ids, max_new_tokens=30, temperature=0.8, top_p=0.9, seed=7).run().token_ids)
+    assert runs[0] == runs[1]
+
+
+def test_empty_prompt_and_too_long_prompt_are_clear_errors(dec):
+    with pytest.raises(ValueError, match="empty"):
+        dec.generate("")
+    with pytest.raises(ValueError, match="context"):
+        dec.generate(input_ids=[1] * dec.context_length, max_new_tokens=5)
+
+
+def test_prompt_plus_max_new_tokens_past_context_stops_at_the_limit(dec):
+    ids = [5] * (dec.context_length - 10)
+    dec.reset()
+    g = dec.generate(input_ids=ids, max_new_tokens=50, k=4).run()
+    assert g.stats.stop_reason in ("context", "stop_token")
+    assert len(ids) + len(g.token_ids) <= dec.context_length + 1
+    assert dec.tcache.length <= dec.context_length
+
+
+def test_follow_up_prompt_reuses_the_cache_and_equals_a_fresh_run(dec):
+    conv = [{"role": "user", "content": "def add"}]
+    dec.reset()
+    first = dec.generate(messages=conv, max_new_tokens=20, k=3).run()
+    conv += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "again"}]
+    cached_before = dec.tcache.length
+    second = dec.generate(messages=conv, max_new_tokens=20, k=3).run()
+    assert cached_before > 0
+    assert second.stats.prefill_ms >= 0
+    dec.reset()
+    fresh = dec.generate(messages=conv, max_new_tokens=20, k=3).run()
+    assert second.token_ids == fresh.token_ids
+
+
+def test_streaming_never_emits_replacement_characters(dec):
+    ids = dec.tokenizer.encode("A. 单发 ünïcödé ✓", add_special_tokens=False).ids
+    d = IncrementalDetokenizer(dec.tokenizer)
+    pieces = [d.push([i]) for i in ids] + [d.flush()]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == dec.tokenizer.decode(ids)
+
+
+def test_top_k_top_p_sampling_runs_speculatively(dec):
+    dec.reset()
+    g = dec.generate("def", max_new_tokens=25, temperature=0.7, top_k=20, top_p=0.9, seed=1, k=3).run()
+    assert 0 < len(g.token_ids) <= 25
+    assert np.all(np.array(g.token_ids) < dec.width)
