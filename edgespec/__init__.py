@@ -5,3 +5,10 @@ The runtime needs only onnxruntime, numpy, tokenizers and jinja2. The exporter l
 """
 
 __version__ = "0.1.0"
+
+from .adaptive import AdaptiveK  # noqa: E402
+from .decoder import Generation, SpecDecoder  # noqa: E402
+from .errors import EdgespecError  # noqa: E402
+from .stats import GenerationStats  # noqa: E402
+
+__all__ = ["AdaptiveK", "EdgespecError", "Generation", "GenerationStats", "SpecDecoder", "__version__"]

@@ -53,8 +53,10 @@ def _gguf_special_tokens(path) -> list[tuple[int, str, bool]]:
     from gguf import GGUFReader
 
     reader = GGUFReader(str(path))
-    tokens = reader.fields["tokenizer.ggml.tokens"]
-    types = reader.fields["tokenizer.ggml.token_type"]
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    types = reader.fields.get("tokenizer.ggml.token_type")
+    if tokens is None or types is None:  # token types are optional in GGUF: nothing to re-register
+        return []
     out = []
     for i, idx in enumerate(types.data):
         t = int(types.parts[idx][0])

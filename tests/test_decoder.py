@@ -157,3 +157,19 @@ def test_top_k_top_p_sampling_runs_speculatively(dec):
     g = dec.generate("def", max_new_tokens=25, temperature=0.7, top_k=20, top_p=0.9, seed=1, k=3).run()
     assert 0 < len(g.token_ids) <= 25
     assert np.all(np.array(g.token_ids) < dec.width)
+
+
+def test_first_token_of_a_round_follows_p(dec):
+    """Tier (d) on the tiny pair: the emitted token's histogram is within sampling noise of p."""
+    from edgespec.evaluate import first_token_check
+    from edgespec.sampling import SamplingParams
+
+    r = first_token_check(dec, dec.encode("def add(a, b):"), SamplingParams(0.8, top_p=0.95), draws=2000, k=3)
+    assert r["tv"] < 3 * r["tv_noise"] + 0.01
+
+
+def test_greedy_check_reports_identity(dec):
+    from edgespec.evaluate import greedy_check
+
+    r = greedy_check(dec, dec.encode("class Node:\n"), 30, k=3)
+    assert r["identical"] and r["first_divergence"] is None and r["plain_tokens"] == r["spec_tokens"]

@@ -1,0 +1,108 @@
+"""Losslessness checks shared by ``edgespec eval`` and the real-pair tests.
+
+- Greedy identity: speculative greedy must equal plain greedy. Verifying K+1 rows uses other kernels than a
+  one-row step, so a near-tie in the target's logits can flip; at the first divergence the plain run's own
+  top-1/top-2 logit gap is reported and must be below :data:`NEAR_TIE_LOGIT_GAP`, anything else is a bug.
+- Sampling: the first token of a speculative round, over many seeds, against the target's processed
+  distribution p at that position (what plain sampling draws from), with the total variation that sampling
+  noise alone gives at the same number of draws.
+- Likelihood: mean target log-likelihood per token of text sampled with and without speculation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .sampling import SamplingParams, probs
+
+NEAR_TIE_LOGIT_GAP = 0.1  # logits; int4 MatMulNBits N=1 vs N>1 paths differ by ~1e-2 on the real pair
+
+
+class _Recorder:
+    """Wraps a model's forward to keep the last logits row of every call (one per generated token)."""
+
+    def __init__(self, model):
+        self.model, self.rows = model, []
+        self._forward = model.forward
+
+    def __enter__(self):
+        def forward(*a, **k):
+            out = self._forward(*a, **k)
+            self.rows.append(out[-1].copy())
+            return out
+
+        self.model.forward = forward
+        return self
+
+    def __exit__(self, *exc):
+        del self.model.forward
+
+
+def greedy_check(decoder, input_ids: list[int], max_new_tokens: int, k=4) -> dict:
+    """Plain greedy vs speculative greedy on one prompt with the same decoder (fresh caches each).
+
+    Returns ``identical``, ``first_divergence`` (index into the new tokens or None), ``plain_gap`` (the plain
+    run's top-1 minus top-2 logit at that step), ``near_tie`` (gap < NEAR_TIE_LOGIT_GAP), the two token
+    lists and the speculative run's stats.
+    """
+    decoder.reset()
+    with _Recorder(decoder.target) as rec:
+        plain = decoder.generate(input_ids=input_ids, max_new_tokens=max_new_tokens, mode="plain").run()
+    decoder.reset()
+    spec = decoder.generate(input_ids=input_ids, max_new_tokens=max_new_tokens, k=k).run()
+    decoder.reset()
+    a, b = plain.token_ids, spec.token_ids
+    div = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    if div is None and len(a) != len(b):
+        div = min(len(a), len(b))
+    gap = None
+    if div is not None and div < len(rec.rows):
+        top = np.sort(rec.rows[div])[-2:]
+        gap = float(top[1] - top[0])
+    return {"identical": div is None, "first_divergence": div, "plain_gap": gap,
+            "near_tie": gap is not None and gap < NEAR_TIE_LOGIT_GAP, "plain_tokens": a, "spec_tokens": b,
+            "stats": spec.stats}
+
+
+def first_token_check(decoder, input_ids: list[int], sp: SamplingParams, draws: int, k: int = 4,
+                      seed: int = 0) -> dict:
+    """Distribution of the first token a speculative round emits after ``input_ids``, over ``draws`` seeds.
+
+    Compares it with the target's processed distribution p at that position (exact, from one target run)
+    and returns ``tv`` and ``tv_noise`` (mean TV of ``draws`` direct samples from p, 20 repeats).
+    """
+    decoder.reset()
+    p = probs(decoder.target.forward(input_ids, decoder.target.new_cache())[-1], sp)
+    counts = np.zeros_like(p)
+    for s in range(draws):
+        decoder.reset()
+        decoder._prefill_state(input_ids)
+        new, _, _, _ = decoder._spec_round(k, sp, np.random.default_rng(seed + s), _NullStats())
+        counts[new[0]] += 1
+    decoder.reset()
+    rng = np.random.default_rng(seed)
+    noise = [0.5 * np.abs(rng.multinomial(draws, p / p.sum()) / draws - p).sum() for _ in range(20)]
+    return {"draws": draws, "tv": float(0.5 * np.abs(counts / draws - p).sum()),
+            "tv_noise": float(np.mean(noise)), "support": int((p > 0).sum())}
+
+
+class _NullStats:
+    def __getattr__(self, name):
+        return 0
+
+    def __setattr__(self, name, value):
+        pass
+
+    def record_position(self, k, n):
+        pass
+
+
+def mean_log_likelihood(decoder, input_ids: list[int], new_ids: list[int]) -> float:
+    """Mean target log p (temperature 1, natural log) of ``new_ids`` after ``input_ids``, teacher-forced."""
+    if not new_ids:
+        return float("nan")
+    logits = decoder.target.forward(input_ids + new_ids[:-1], decoder.target.new_cache())[len(input_ids) - 1:]
+    logits = logits.astype(np.float64)
+    m = logits.max(-1, keepdims=True)
+    logp = logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
+    return float(np.mean(logp[np.arange(len(new_ids)), new_ids]))

@@ -1,0 +1,105 @@
+"""Tier (e): the command line, exact output on a tiny export, in an isolated user directory."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from edgespec.decoder import SpecDecoder
+
+
+def run(args, home, stdin=None):
+    env = dict(os.environ, EDGESPEC_HOME=str(home))
+    return subprocess.run([sys.executable, "-m", "edgespec.cli", *args], input=stdin, capture_output=True,
+                          text=True, env=env, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def api(tiny_export):
+    return SpecDecoder.load(tiny_export)
+
+
+def test_generate_prints_exactly_the_greedy_text(tiny_export, home, api):
+    api.reset()
+    want = api.generate(messages=[{"role": "user", "content": "def add"}], max_new_tokens=12, k=0, mode="plain").run()
+    r = run(["generate", str(tiny_export), "--prompt", "def add", "--max-new-tokens", "12", "--k", "3"], home)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == want.text + "\n"
+    assert r.stderr.startswith("[12 tokens") or r.stderr.startswith(f"[{len(want.token_ids)} tokens")
+
+
+def test_generate_json_from_stdin_and_plain_mode(tiny_export, home, api):
+    api.reset()
+    want = api.generate("class Node", max_new_tokens=10, mode="plain").run()
+    for mode in ("spec", "plain"):
+        r = run(["generate", str(tiny_export), "--raw", "--json", "--max-new-tokens", "10", "--mode", mode], home,
+                stdin="class Node")
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["text"] == want.text and out["token_ids"] == want.token_ids
+        s = out["stats"]
+        assert s["mode"] == mode and s["new_tokens"] >= len(want.token_ids)
+        for key in ("alpha", "rounds", "proposed", "accepted", "accepted_per_position", "draft_ms", "verify_ms",
+                    "tokens_per_s", "k_per_round", "corrections", "bonus"):
+            assert key in s
+
+
+def test_scripted_multi_turn_chat(tiny_export, home, api):
+    turns = ["def add", "and again", "hi"]
+    api.reset()
+    conv, want = [], []
+    for i, t in enumerate(turns):
+        if i == 2:  # after /reset
+            conv = []
+        conv.append({"role": "user", "content": t})
+        g = api.generate(messages=conv, max_new_tokens=8, mode="plain").run()
+        conv.append({"role": "assistant", "content": g.text})
+        want.append(g.text)
+    script = "def add\n/stats\nand again\n/reset\nhi\n/exit\nnever read\n"
+    r = run(["chat", str(tiny_export), "--max-new-tokens", "8", "--k", "2"], home, stdin=script)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "".join(w + "\n" for w in want)
+    assert "[conversation reset]" in r.stderr and r.stderr.count("tokens,") == 4  # 3 replies + /stats
+
+
+def test_info(tiny_export, home):
+    r = run(["info", str(tiny_export)], home)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == f"target+draft  ({tiny_export})"
+    assert "target: qwen2, 2 layers, 2 KV heads × 16, logits 512, fp32" in r.stdout
+    r = run(["info", str(tiny_export), "--json"], home)
+    assert json.loads(r.stdout)["target"]["num_layers"] == 2
+
+
+@pytest.mark.parametrize("args", [
+    ["generate", "{missing}", "--prompt", "x"],
+    ["generate", "{partial}", "--prompt", "x"],
+    ["generate", "{export}", "--prompt", "x", "--k", "-1"],
+    ["generate", "{export}", "--prompt", "x", "--temperature", "-2"],
+    ["generate", "{export}", "--prompt", "x", "--top-p", "2"],
+    ["generate", "{export}", "--prompt", "x", "--max-new-tokens", "0"],
+    ["generate", "{export}", "--prompt", "x", "--provider", "nosuch"],
+    ["generate", "{export}", "--prompt", "   "],
+    ["chat", "{missing}"],
+    ["info", "{partial}"],
+    ["export", "no-such-recipe"],
+    ["export", "--target", "{missing}", "--draft", "{missing}"],
+])
+def test_bad_input_is_one_line_and_nonzero(tiny_export, home, tmp_path, args):
+    partial = tmp_path / "partial"
+    (partial / "target").mkdir(parents=True)
+    subs = {"missing": str(tmp_path / "nope"), "partial": str(partial), "export": str(tiny_export)}
+    r = run([a.format(**subs) for a in args], home, stdin="")
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("edgespec: error:"), r.stderr
+
+
+def test_runtime_imports_without_torch_transformers_or_optimum():
+    code = ("import sys, edgespec, edgespec.cli, edgespec.decoder, edgespec.adaptive, edgespec.evaluate; "
+            "print(sorted(m for m in ('torch', 'transformers', 'optimum', 'onnx') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.stdout.strip() == "[]", r.stdout + r.stderr

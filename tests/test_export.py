@@ -1,0 +1,146 @@
+"""The export contract on tiny random models: graph I/O, manifest, validation, cache, atomicity, bad input."""
+
+import json
+import shutil
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from edgespec.errors import EdgespecError
+from edgespec.manifest import load_manifest
+
+
+def test_manifest_and_graph_contract(tiny_export):
+    m = load_manifest(tiny_export)
+    assert (tiny_export / "tokenizer.json").is_file() and (tiny_export / "chat_template.jinja").is_file()
+    for g in (m.target, m.draft):
+        assert g.architecture == "qwen2" and g.num_layers == 2 and g.num_kv_heads == 2 and g.head_dim == 16
+        assert g.vocab_size == 512 and len(g.source_sha256) == 64
+        s = ort.InferenceSession(str(tiny_export / g.path), providers=["CPUExecutionProvider"])
+        ins = {i.name: i for i in s.get_inputs()}
+        outs = {o.name: o for o in s.get_outputs()}
+        assert list(ins) == list(g.input_names) and list(outs) == list(g.output_names)
+        assert ins["input_ids"].type == "tensor(int64)" and ins["position_ids"].type == "tensor(int64)"
+        assert ins["attention_mask"].type == "tensor(bool)" and len(ins["attention_mask"].shape) == 4
+        assert ins["past_key_values.1.value"].type == "tensor(float)"
+        assert outs["logits"].type == "tensor(float)" and "present.1.key" in outs
+        v = g.validation["fp32"]
+        assert max(v["max_abs_prefill"], v["max_abs_with_past"], v["max_abs_past_vs_full"]) <= 1e-3
+    eos = m.special_tokens.eos
+    assert eos in m.special_tokens.stop and m.tokenizer_sha256
+
+
+def test_tree_mask_is_honoured(tiny_export):
+    """A per-query mask: two sibling candidates at the same position see the shared prefix, not each other."""
+    from edgespec.onnx_model import OnnxLM, causal_mask
+
+    m = load_manifest(tiny_export)
+    lm = OnnxLM(m.target, tiny_export)
+    prefix, a, b = [5, 6, 7], 11, 12
+    cache = lm.new_cache()
+    lm.forward(prefix, cache)
+    past = cache.length
+    mask = np.ones((1, 1, 2, past + 2), dtype=bool)
+    mask[0, 0, 0, past + 1] = False  # a does not see b
+    mask[0, 0, 1, past] = False  # b does not see a
+    tree = lm.forward([a, b], cache, position_ids=np.array([past, past]), mask=mask)
+    for i, tok in enumerate((a, b)):
+        c = lm.new_cache()
+        lm.forward(prefix, c)
+        chain = lm.forward([tok], c)
+        assert np.abs(tree[i] - chain[0]).max() < 1e-4
+    assert causal_mask(1, 2).shape == (1, 1, 2, 3)
+
+
+def test_llama_family_int8_and_int4(home, tiny_dirs, tmp_path):
+    from edgespec_export import ExportOptions, export_pair
+
+    with pytest.raises(EdgespecError, match="tokenizers differ|disagree"):
+        # the llama model shares the tokenizer, so this must pass the pair check: build a mismatch instead
+        bad = tmp_path / "other_tok"
+        shutil.copytree(tiny_dirs["llama"], bad)
+        tok = json.loads((bad / "tokenizer.json").read_text())
+        vocab = tok["model"]["vocab"]
+        k1, k2 = list(vocab)[300], list(vocab)[301]
+        vocab[k1], vocab[k2] = vocab[k2], vocab[k1]
+        (bad / "tokenizer.json").write_text(json.dumps(tok))
+        export_pair(str(tiny_dirs["llama"]), str(bad), tmp_path / "x")
+    out = export_pair(str(tiny_dirs["llama"]), str(tiny_dirs["llama"]), tmp_path / "llama",
+                      ExportOptions("int8"), ExportOptions("int4", block_size=16, lm_head_bits=8))
+    m = load_manifest(out)
+    assert m.target.architecture == "llama"
+    assert m.target.quantization.precision == "int8" and m.draft.quantization.precision == "int4"
+    assert m.draft.quantization.lm_head_bits == 8
+    for g in (m.target, m.draft):
+        q = g.validation["quantized"]
+        assert q["positions"] == 256 and 0.5 <= q["greedy_agreement"] <= 1 and q["max_abs_logit_error"] >= 0
+    assert not (tmp_path / "x").exists()
+
+
+def test_second_export_reuses_the_cache(home, tiny_dirs, tiny_export, tmp_path, capfd):
+    from edgespec_export import ExportOptions, export_pair
+
+    graphs = sorted(p.name for p in (home / "graphs").iterdir())
+    fp32 = ExportOptions("fp32")
+    out = export_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), tmp_path / "again", fp32, fp32)
+    assert "cached graph" in capfd.readouterr().err
+    assert sorted(p.name for p in (home / "graphs").iterdir()) == graphs
+    assert (out / "target" / "model.onnx").read_bytes() == (tiny_export / "target" / "model.onnx").read_bytes()
+
+
+def test_interrupted_export_leaves_nothing_loadable(home, tiny_dirs, tmp_path, monkeypatch):
+    import edgespec_export.pipeline as pipeline
+    from edgespec_export import ExportOptions
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "quantize", boom)
+    out = tmp_path / "interrupted"
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.export_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), out, ExportOptions("int8"),
+                             ExportOptions("int8"))
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if "interrupted" in p.name]
+    assert not [p for p in (home / "graphs").iterdir() if ".tmp" in p.name]
+    out.mkdir()
+    (out / "target").mkdir()
+    with pytest.raises(EdgespecError, match="not a complete edgespec export"):
+        load_manifest(out)
+
+
+@pytest.mark.parametrize("case", ["missing", "not_gguf", "no_config", "bert", "gpt2", "out_not_dir", "out_foreign"])
+def test_bad_input_is_one_clear_error(home, tiny_dirs, tmp_path, case):
+    from edgespec_export import export_pair
+
+    target, draft, out = str(tiny_dirs["target"]), str(tiny_dirs["draft"]), tmp_path / "out"
+    if case == "missing":
+        target = str(tmp_path / "nope.gguf")
+    elif case == "not_gguf":
+        (tmp_path / "f.gguf").write_bytes(b"not a gguf file")
+        target = str(tmp_path / "f.gguf")
+    elif case == "no_config":
+        (tmp_path / "empty").mkdir()
+        target = str(tmp_path / "empty")
+    elif case in ("bert", "gpt2"):
+        d = tmp_path / case
+        shutil.copytree(tiny_dirs["target"], d)
+        cfg = json.loads((d / "config.json").read_text())
+        cfg["model_type"] = case
+        cfg["architectures"] = ["BertModel" if case == "bert" else "GPT2LMHeadModel"]
+        (d / "config.json").write_text(json.dumps(cfg))
+        target = str(d)
+    elif case == "out_not_dir":
+        (tmp_path / "file").write_text("x")
+        out = tmp_path / "file" / "sub"
+    elif case == "out_foreign":
+        out.mkdir()
+        (out / "keep.txt").write_text("mine")
+    with pytest.raises(EdgespecError) as e:
+        export_pair(target, draft, out)
+    assert "\n" not in str(e.value)
+    if case == "out_foreign":
+        assert (out / "keep.txt").read_text() == "mine"
+    elif case != "out_not_dir":
+        assert not out.exists()

