@@ -91,6 +91,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--raw", action="store_true", help="no chat template: the prompt is fed as is")
     p.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
 
+    p = sub.add_parser("bench", help="plain vs speculative modes on a prompt set: JSON + PNG")
+    p.add_argument("dir", nargs="?", help="export directory (default: the default pair)")
+    p.add_argument("--modes", default="plain,k1,k2,k4,k6,adaptive",
+                   help="comma-separated: plain, k<K>, adaptive, adaptive@<ms> (default %(default)s)")
+    p.add_argument("--latency-budget-ms", type=float, default=None, help="also run adaptive@<this budget>")
+    p.add_argument("--prompts", help="prompt file (JSON lines {class, prompt} or one prompt per line)")
+    p.add_argument("--per-class", type=_pos_int, default=None, help="built-in prompts per class (default all)")
+    p.add_argument("--max-new-tokens", type=_pos_int, default=128)
+    p.add_argument("--temperature", type=_temperature, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--provider", default="cpu")
+    p.add_argument("--threads", type=_pos_int, default=None)
+    p.add_argument("--cost-curve", action="store_true",
+                   help="also measure t(N)/t(1), c, and the speedup Leviathan et al.'s formula predicts")
+    p.add_argument("--out", default="edgespec-bench", help="write OUT.json and OUT.png (default %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the JSON result to stdout")
+
+    p = sub.add_parser("eval", help="losslessness: greedy identity, sampling check, likelihood")
+    p.add_argument("dir", nargs="?")
+    p.add_argument("--prompts")
+    p.add_argument("--per-class", type=_pos_int, default=2)
+    p.add_argument("--max-new-tokens", type=_pos_int, default=64)
+    p.add_argument("--k", type=_pos_int, default=4)
+    p.add_argument("--draws", type=_pos_int, default=300, help="seeds for the first-token sampling check")
+    p.add_argument("--ll-samples", type=_pos_int, default=8, help="sampled texts per mode for the likelihood")
+    p.add_argument("--provider", default="cpu")
+    p.add_argument("--out", default=None, help="also write the JSON result to this file")
+    p.add_argument("--json", action="store_true")
+
     p = sub.add_parser("info", help="print an export's manifest and validation figures")
     p.add_argument("dir", nargs="?")
     p.add_argument("--json", action="store_true")
@@ -204,6 +233,109 @@ def _cmd_generate(a) -> int:
     return 0
 
 
+def _prompt_set(a):
+    from . import prompts
+
+    return prompts.load_file(a.prompts) if a.prompts else prompts.builtin(a.per_class)
+
+
+def _write_json(path: Path, data) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def _cmd_bench(a) -> int:
+    from .bench import Mode, plot, run_bench
+
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    if a.latency_budget_ms is not None:
+        modes.append(f"adaptive@{a.latency_budget_ms:g}")
+    for m in modes:
+        Mode.parse(m)
+    if "plain" not in modes:
+        modes.insert(0, "plain")
+    prompts = _prompt_set(a)
+    d = _export_dir(a.dir, auto_export=False)
+    out = Path(a.out)
+    if out.parent != Path("") and not out.parent.is_dir():
+        raise EdgespecError(f"{out.parent}: no such directory for --out")
+    result = run_bench(d, modes, prompts, a.max_new_tokens, a.temperature, a.seed, a.provider, a.threads,
+                       cost=a.cost_curve, progress=not a.json)
+    result["command"] = "edgespec " + " ".join(sys.argv[1:])
+    _write_json(out.with_suffix(".json"), result)
+    try:
+        plot(result, out.with_suffix(".png"))
+    except ImportError:
+        print("edgespec: matplotlib is not installed: no plot (pip install 'edgespec[bench]')", file=sys.stderr)
+    if a.json:
+        print(json.dumps(result))
+    else:
+        print(format_bench(result))
+        print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+    return 0
+
+
+def format_bench(result: dict) -> str:
+    """A Markdown table: one row per mode and prompt class."""
+    rows = ["| mode | class | decode tok/s | speedup (median, min) | alpha | tokens/round | mean K | TTFT ms "
+            "| ITL p50/p95 ms |", "|---|---|---|---|---|---|---|---|---|"]
+    for mode, per in result["summary"].items():
+        for cls, s in per.items():
+            sp = ("—" if s["speedup_decode_median"] is None else
+                  f"{s['speedup_decode_median']:.2f}× ({s['speedup_decode_min']:.2f}×)")
+            alpha = "—" if s["alpha"] is None else f"{s['alpha']:.2f}"
+            rows.append(f"| {mode} | {cls} | {s['decode_tok_s']:.1f} | {sp} | {alpha} | "
+                        f"{s['mean_accepted_length']:.2f} | {s['mean_k']:.1f} | {s['ttft_ms']:.0f} | "
+                        f"{s['itl_p50_ms']:.0f}/{s['itl_p95_ms']:.0f} |")
+    lines = rows + [f"\npeak RSS {result['peak_rss_mb']:.0f} MB (after load {result['rss_after_load_mb']:.0f} MB)"]
+    for mode, per in result["summary"].items():
+        if "budget_ms" in per.get("all", {}):
+            s = per["all"]
+            lines.append(f"{mode}: budget {s['budget_ms']:g} ms, round p95 {s['round_p95_ms']:.0f} ms, "
+                         f"{100 * s['share_rounds_over_budget']:.1f}% of rounds over budget")
+    if "cost_curve" in result:
+        c = result["cost_curve"]
+        lines.append("target t(N)/t(1), N=1..%d: %s; t(1) = %.1f ms; draft step %.1f ms, c = %.2f" % (
+            len(c["ratio"]), " ".join(f"{r:.2f}" for r in c["ratio"]), c["target_ms"][0], c["draft_ms"], c["c"]))
+        for mode, p in result.get("predicted", {}).items():
+            lines.append(f"{mode}: alpha {p['alpha']:.2f}; predicted speedup {p['leviathan']:.2f}× (Leviathan, "
+                         f"verify = t(1)), {p['with_measured_verify_cost']:.2f}× (measured t(K+1)); "
+                         f"measured {p['measured']:.2f}×")
+    return "\n".join(lines)
+
+
+def _cmd_eval(a) -> int:
+    from .decoder import SpecDecoder
+    from .evaluate import run_eval
+
+    prompts = _prompt_set(a)
+    d = _export_dir(a.dir, auto_export=False)
+    dec = SpecDecoder.load(d, provider=a.provider)
+    r = run_eval(dec, prompts, a.max_new_tokens, a.k, a.draws, a.ll_samples, progress=not a.json)
+    r["command"] = "edgespec " + " ".join(sys.argv[1:])
+    if a.out:
+        _write_json(Path(a.out), r)
+    if a.json:
+        print(json.dumps(r))
+        return 0
+    n_id = sum(g["identical"] for g in r["greedy"])
+    n_tie = sum((not g["identical"]) and g["near_tie"] for g in r["greedy"])
+    print(f"greedy: {n_id}/{len(r['greedy'])} identical, {n_tie} diverge at a near-tie "
+          f"(plain top-1/top-2 gap < {r['settings']['near_tie_logit_gap']})")
+    for g in r["greedy"]:
+        if not g["identical"]:
+            print(f"  {g['class']}: first divergence at token {g['first_divergence']}, plain gap {g['plain_gap']:.4f}")
+    for s in r["sampling"]:
+        print(f"sampling ({s['class']}): first-token TV {s['tv']:.3f} over {s['draws']} seeds; "
+              f"sampling noise alone {s['tv_noise']:.3f}")
+    for mode, l in r["likelihood"].items():
+        print(f"likelihood ({mode}): mean log p {l['mean_log_likelihood']:.3f} ± {l['stderr']:.3f} "
+              f"(perplexity {l['perplexity']:.2f}, {l['samples']} texts)")
+    ok = all(g["identical"] or g["near_tie"] for g in r["greedy"])
+    return 0 if ok else 1
+
+
 def format_stats(s) -> str:
     """One line: tokens, tok/s, alpha, mean accepted length, K, timings."""
     line = f"[{s.new_tokens} tokens, {s.tokens_per_s:.2f} tok/s, prefill {s.prefill_ms:.0f} ms"
@@ -222,6 +354,10 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_export(a)
         if a.command == "info":
             return _cmd_info(a)
+        if a.command == "bench":
+            return _cmd_bench(a)
+        if a.command == "eval":
+            return _cmd_eval(a)
         if a.command == "generate":
             return _cmd_generate(a)
         if a.command == "chat":

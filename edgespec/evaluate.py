@@ -106,3 +106,47 @@ def mean_log_likelihood(decoder, input_ids: list[int], new_ids: list[int]) -> fl
     m = logits.max(-1, keepdims=True)
     logp = logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
     return float(np.mean(logp[np.arange(len(new_ids)), new_ids]))
+
+
+def run_eval(decoder, prompts, max_new_tokens: int = 64, k: int = 4, draws: int = 300, ll_samples: int = 8,
+             temperature: float = 0.8, top_p: float = 0.95, progress: bool = True) -> dict:
+    """Greedy identity on every prompt, a first-token sampling check and a log-likelihood comparison.
+
+    The sampling and likelihood checks use the first two prompts. Returns a JSON-able dict.
+    """
+    from tqdm.auto import tqdm
+
+    sp = SamplingParams(temperature, top_p=top_p)
+    out = {"greedy": [], "sampling": [], "likelihood": {}, "settings": {
+        "max_new_tokens": max_new_tokens, "k": k, "draws": draws, "ll_samples": ll_samples,
+        "temperature": temperature, "top_p": top_p, "near_tie_logit_gap": NEAR_TIE_LOGIT_GAP}}
+    bar = tqdm(total=len(prompts) + 2 + 2 * ll_samples, desc="eval", disable=not progress)
+    for p in prompts:
+        ids = decoder.encode(messages=list(p.messages))
+        r = greedy_check(decoder, ids, max_new_tokens, k)
+        out["greedy"].append({"class": p.cls, "identical": r["identical"], "first_divergence": r["first_divergence"],
+                              "plain_gap": r["plain_gap"], "near_tie": r["near_tie"], "alpha": r["stats"].alpha,
+                              "tokens": len(r["plain_tokens"])})
+        bar.update()
+    for p in prompts[:2]:
+        ids = decoder.encode(messages=list(p.messages))
+        out["sampling"].append({"class": p.cls, **first_token_check(decoder, ids, sp, draws, k)})
+        bar.update()
+    ll = {"spec": [], "plain": []}
+    for s in range(ll_samples):
+        p = prompts[s % min(2, len(prompts))]
+        ids = decoder.encode(messages=list(p.messages))
+        for mode in ("spec", "plain"):
+            decoder.reset()
+            g = decoder.generate(input_ids=ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                 seed=1000 + s, k=k, mode=mode).run()
+            ll[mode].append(mean_log_likelihood(decoder, ids, g.token_ids))
+            bar.update()
+    bar.close()
+    for mode, xs in ll.items():
+        xs = np.array([x for x in xs if np.isfinite(x)])
+        out["likelihood"][mode] = {"mean_log_likelihood": float(xs.mean()) if len(xs) else None,
+                                   "stderr": float(xs.std(ddof=1) / np.sqrt(len(xs))) if len(xs) > 1 else None,
+                                   "perplexity": float(np.exp(-xs.mean())) if len(xs) else None, "samples": len(xs)}
+    decoder.reset()
+    return out

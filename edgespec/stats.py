@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass, field
 class GenerationStats:
     """Counters of one generation.
 
-    Invariants: ``accepted ≤ proposed``; ``rounds = len(k_per_round)``; ``sum(accepted_per_position) ==
+    Invariants: ``accepted ≤ evaluated ≤ proposed`` (draft tokens after the first rejection are never
+    evaluated); ``rounds = len(k_per_round)``; ``sum(accepted_per_position) ==
     accepted``; every spec round ends with exactly one correction or one bonus token, and every plain
     step (K = 0) with one target token; so ``new_tokens ≤ 1 + accepted + corrections + bonus + plain_steps``
     (less when a stop token or ``max_new_tokens`` cuts a round short).
@@ -44,8 +45,19 @@ class GenerationStats:
             self.accepted_per_position[i] += int(i < n)
 
     @property
+    def evaluated(self) -> int:
+        """Draft tokens the accept/reject rule looked at: the accepted ones plus one per rejection."""
+        return self.accepted + self.corrections
+
+    @property
     def alpha(self) -> float:
-        """Acceptance rate: accepted / proposed draft tokens, in [0, 1] (0 when nothing was proposed)."""
+        """Acceptance rate alpha in [0, 1]: accepted / evaluated draft tokens, the estimate of Leviathan et
+        al.'s per-token acceptance probability (0 when nothing was evaluated)."""
+        return self.accepted / self.evaluated if self.evaluated else 0.0
+
+    @property
+    def draft_acceptance(self) -> float:
+        """Share of drafted tokens that were kept: accepted / proposed, in [0, 1]."""
         return self.accepted / self.proposed if self.proposed else 0.0
 
     @property
@@ -66,6 +78,7 @@ class GenerationStats:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(alpha=self.alpha, mean_accepted_length=self.mean_accepted_length,
+        d.update(evaluated=self.evaluated, alpha=self.alpha, draft_acceptance=self.draft_acceptance,
+                 mean_accepted_length=self.mean_accepted_length,
                  tokens_per_s=self.tokens_per_s, decode_tokens_per_s=self.decode_tokens_per_s)
         return d

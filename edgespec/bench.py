@@ -1,0 +1,249 @@
+"""``edgespec bench``: plain vs speculative modes, interleaved in one process on the same prompts.
+
+Every prompt runs every mode (in a rotated order, fresh caches each time) so that speedups are paired ratios
+against plain decoding on the same prompt, not ratios of averages taken at different times. Plain decoding
+uses a target-only session configured for running alone (the fastest plain setting), speculative modes a
+target+draft pair.
+"""
+
+from __future__ import annotations
+
+import platform
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .adaptive import AdaptiveK, calibrate, expected_tokens
+from .decoder import SpecDecoder
+from .prompts import Prompt
+from .sampling import SamplingParams
+from .stats import GenerationStats
+
+
+@dataclass(frozen=True)
+class Mode:
+    """``plain``, ``k<K>`` (fixed K) or ``adaptive`` (optionally with a latency budget in ms)."""
+
+    name: str
+    k: int | None = None
+    budget_ms: float | None = None
+
+    @staticmethod
+    def parse(name: str) -> "Mode":
+        """From ``plain``, ``k4``, ``adaptive`` or ``adaptive@150``; ValueError otherwise."""
+        if name == "plain":
+            return Mode(name)
+        if name.startswith("k") and name[1:].isdigit():
+            return Mode(name, k=int(name[1:]))
+        if name == "adaptive":
+            return Mode(name)
+        if name.startswith("adaptive@"):
+            return Mode(name, budget_ms=float(name.split("@", 1)[1]))
+        raise ValueError(f"unknown mode {name!r} (plain, k<K>, adaptive, adaptive@<ms>)")
+
+
+def _pct(xs, q) -> float | None:
+    return float(np.percentile(xs, q)) if len(xs) else None
+
+
+def run_one(dec: SpecDecoder, mode: Mode, prompt: Prompt, max_new_tokens: int, sp: SamplingParams,
+            seed: int) -> dict:
+    """One generation from fresh caches; returns its measurements (times in ms, rates in tok/s)."""
+    dec.reset()
+    ids = dec.encode(messages=list(prompt.messages))
+    if mode.name == "plain":
+        k, m = 0, "plain"
+    elif mode.k is not None:
+        k, m = mode.k, "spec"
+    else:
+        k, m = AdaptiveK.for_decoder(dec, latency_budget_ms=mode.budget_ms), "spec"
+    stats = GenerationStats()
+    t0 = time.perf_counter()
+    last, gaps = t0, []
+    first_ms = None
+    for toks, _ in dec.generate_ids(ids, max_new_tokens, sp, seed, k, m, stats):
+        now = time.perf_counter()
+        if first_ms is None:
+            first_ms = (now - t0) * 1e3
+        elif toks:
+            gaps += [(now - last) * 1e3] + [0.0] * (len(toks) - 1)  # a burst arrives at once
+        last = now
+    s = stats
+    rec = {
+        "class": prompt.cls, "mode": mode.name, "prompt_tokens": len(ids), "new_tokens": s.new_tokens,
+        "ttft_ms": first_ms, "wall_ms": s.wall_ms, "e2e_tok_s": s.tokens_per_s, "decode_tok_s": s.decode_tokens_per_s,
+        "itl_p50_ms": _pct(gaps, 50), "itl_p95_ms": _pct(gaps, 95), "rounds": s.rounds,
+        "alpha": s.alpha if m == "spec" else None, "accepted": s.accepted, "evaluated": s.evaluated,
+        "proposed": s.proposed, "mean_accepted_length": s.mean_accepted_length,
+        "accepted_per_position": s.accepted_per_position, "proposed_per_position": s.proposed_per_position,
+        "mean_k": float(np.mean(s.k_per_round)) if s.k_per_round else 0.0,
+        "round_p50_ms": _pct(s.round_ms, 50), "round_p95_ms": _pct(s.round_ms, 95),
+        "draft_ms": s.draft_ms, "verify_ms": s.verify_ms,
+    }
+    if mode.budget_ms is not None:
+        rec["budget_ms"] = mode.budget_ms
+        rec["rounds_over_budget"] = int(sum(r > mode.budget_ms for r in s.round_ms))
+    return rec
+
+
+def summarize(runs: list[dict], modes: list[str]) -> dict:
+    """Per mode and per prompt class: medians, paired speedups vs plain, token-weighted alpha."""
+    plain = {r["prompt"]: r for r in runs if r["mode"] == "plain"}
+    out = {}
+    classes = sorted({r["class"] for r in runs})
+    for mode in modes:
+        rs = [r for r in runs if r["mode"] == mode]
+        per = {}
+        for cls in classes + ["all"]:
+            sel = [r for r in rs if cls == "all" or r["class"] == cls]
+            if not sel:
+                continue
+            sp_dec = [r["decode_tok_s"] / plain[r["prompt"]]["decode_tok_s"] for r in sel
+                      if r["prompt"] in plain and plain[r["prompt"]]["decode_tok_s"] > 0]
+            sp_e2e = [r["e2e_tok_s"] / plain[r["prompt"]]["e2e_tok_s"] for r in sel
+                      if r["prompt"] in plain and plain[r["prompt"]]["e2e_tok_s"] > 0]
+            acc, ev = sum(r["accepted"] for r in sel), sum(r["evaluated"] for r in sel)
+            pos_acc = np.sum([np.pad(r["accepted_per_position"], (0, 16))[:16] for r in sel], axis=0)
+            pos_prop = np.sum([np.pad(r["proposed_per_position"], (0, 16))[:16] for r in sel], axis=0)
+            n = int(np.max(np.nonzero(pos_prop)[0]) + 1) if pos_prop.any() else 0
+            per[cls] = {
+                "prompts": len(sel),
+                "decode_tok_s": float(np.median([r["decode_tok_s"] for r in sel])),
+                "e2e_tok_s": float(np.median([r["e2e_tok_s"] for r in sel])),
+                "ttft_ms": float(np.median([r["ttft_ms"] for r in sel])),
+                "speedup_decode_median": float(np.median(sp_dec)) if sp_dec else None,
+                "speedup_decode_min": float(np.min(sp_dec)) if sp_dec else None,
+                "speedup_e2e_median": float(np.median(sp_e2e)) if sp_e2e else None,
+                "alpha": acc / ev if ev else None,
+                "mean_accepted_length": float(np.mean([r["mean_accepted_length"] for r in sel])),
+                "mean_k": float(np.mean([r["mean_k"] for r in sel])),
+                "itl_p50_ms": float(np.median([r["itl_p50_ms"] for r in sel if r["itl_p50_ms"] is not None] or [0])),
+                "itl_p95_ms": float(np.median([r["itl_p95_ms"] for r in sel if r["itl_p95_ms"] is not None] or [0])),
+                "acceptance_by_position": [float(a / p) if p else None for a, p in zip(pos_acc[:n], pos_prop[:n])],
+            }
+            if any("budget_ms" in r for r in sel):
+                rounds = sum(r["rounds"] for r in sel)
+                per[cls]["budget_ms"] = sel[0]["budget_ms"]
+                per[cls]["share_rounds_over_budget"] = sum(r["rounds_over_budget"] for r in sel) / max(rounds, 1)
+                per[cls]["round_p95_ms"] = float(np.max([r["round_p95_ms"] for r in sel if r["round_p95_ms"]] or [0]))
+        out[mode] = per
+    return out
+
+
+def cost_curve(dec: SpecDecoder, n_max: int = 9, context: int = 256, reps: int = 5) -> dict:
+    """Target t(N)/t(1) for N = 1..n_max, the draft's step time and c = t_draft / t_target(1) (ms)."""
+    cm = calibrate(dec, k_max=n_max - 1, context=context, reps=reps, use_cache=False)
+    t1 = cm.verify_ms[0]
+    return {"context": context, "target_ms": cm.verify_ms, "ratio": [t / t1 for t in cm.verify_ms],
+            "draft_ms": cm.draft_ms, "c": cm.draft_ms / t1}
+
+
+def predicted_speedups(curve: dict, summary: dict) -> dict:
+    """For each fixed-K mode: Leviathan et al. 2023's speedup (1 - α^(K+1)) / ((1 - α)(Kc + 1)) from the
+    measured alpha and c, the same with the measured verify cost t(K+1)/t(1) in place of 1, and the
+    measured decode speedup."""
+    out = {}
+    for mode, per in summary.items():
+        if not (mode.startswith("k") and mode[1:].isdigit()) or per.get("all", {}).get("alpha") is None:
+            continue
+        k, a, c = int(mode[1:]), per["all"]["alpha"], curve["c"]
+        ratio = curve["ratio"][k] if k < len(curve["ratio"]) else None
+        out[mode] = {
+            "alpha": a,
+            "leviathan": expected_tokens(k, a) / (k * c + 1),
+            "with_measured_verify_cost": expected_tokens(k, a) / (k * c + ratio) if ratio else None,
+            "measured": per["all"]["speedup_decode_median"],
+        }
+    return out
+
+
+def run_bench(export_dir: str | Path, modes: list[str], prompts: list[Prompt], max_new_tokens: int = 128,
+              temperature: float = 0.0, seed: int = 0, provider: str = "cpu", threads: int | None = None,
+              cost: bool = False, progress: bool = True) -> dict:
+    """Run every mode on every prompt; returns the whole result (runs, summary, machine, settings)."""
+    from tqdm.auto import tqdm
+
+    parsed = [Mode.parse(m) for m in modes]
+    sp = SamplingParams(temperature)
+    spec = SpecDecoder.load(export_dir, provider=provider, threads=threads)
+    plain = SpecDecoder.load(export_dir, provider=provider, threads=threads, load_draft=False)
+    rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    for d, m in ((plain, "plain"), (spec, "spec")):  # warm-up: first runs allocate
+        d.generate("Hello", max_new_tokens=4, k=2 if m == "spec" else 0, mode=m).run()
+    if any(m.name.startswith("adaptive") for m in parsed):
+        calibrate(spec)
+    runs, skipped = [], []
+    bar = tqdm(total=len(prompts) * len(parsed), desc="bench", unit="run", disable=not progress)
+    for i, prompt in enumerate(prompts):
+        if len(spec.encode(messages=list(prompt.messages))) >= spec.context_length:
+            skipped.append(i)  # does not fit this export's context
+            bar.update(len(parsed))
+            continue
+        order = parsed[i % len(parsed):] + parsed[:i % len(parsed)]
+        for mode in order:
+            rec = run_one(plain if mode.name == "plain" else spec, mode, prompt, max_new_tokens, sp, seed + i)
+            rec["prompt"] = i
+            runs.append(rec)
+            bar.update()
+    bar.close()
+    result = {
+        "export": str(export_dir), "modes": modes, "max_new_tokens": max_new_tokens, "temperature": temperature,
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": _cpus(),
+                    "provider": provider, "threads": threads},
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_after_load_mb": rss_loaded,
+        "runs": runs, "skipped_prompts": skipped, "summary": summarize(runs, modes),
+    }
+    if cost:
+        result["cost_curve"] = cost_curve(spec)
+        result["predicted"] = predicted_speedups(result["cost_curve"], result["summary"])
+    return result
+
+
+def _cpus() -> dict:
+    info = {"count": __import__("os").cpu_count()}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), [])
+        info["model"] = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "")
+        info["avx512"] = any(f.startswith("avx512") for f in flags)
+        info["vnni"] = "avx512_vnni" in flags or "avx_vnni" in flags
+    except OSError:
+        pass
+    return info
+
+
+def plot(result: dict, path: str | Path) -> None:
+    """PNG: decode speedup vs plain by mode and prompt class; acceptance rate by draft position."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = result["summary"]
+    modes = [m for m in result["modes"] if m != "plain"]
+    classes = sorted({c for m in summary.values() for c in m if c != "all"}) + ["all"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.8 / max(len(classes), 1)
+    for j, cls in enumerate(classes):
+        vals = [summary[m].get(cls, {}).get("speedup_decode_median") or 0 for m in modes]
+        ax1.bar(np.arange(len(modes)) + j * width, vals, width, label=cls)
+    ax1.axhline(1.0, color="k", lw=0.8)
+    ax1.set_xticks(np.arange(len(modes)) + width * (len(classes) - 1) / 2, modes)
+    ax1.set_ylabel("decode speedup vs plain (median of paired ratios)")
+    ax1.set_title("Speedup by mode and prompt class")
+    ax1.legend(fontsize=8)
+    for m in modes:
+        acc = summary[m]["all"]["acceptance_by_position"]
+        if acc:
+            ax2.plot(range(1, len(acc) + 1), [a if a is not None else np.nan for a in acc], marker="o", label=m)
+    ax2.set_xlabel("draft position")
+    ax2.set_ylabel("accepted / proposed at this position")
+    ax2.set_ylim(0, 1.02)
+    ax2.set_title("Acceptance by draft position")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,84 @@
+"""``edgespec bench`` / ``eval`` on the tiny export: every field, paired ratios, the PNG."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from edgespec.bench import Mode, summarize
+
+RUN_FIELDS = {"class", "mode", "prompt", "prompt_tokens", "new_tokens", "ttft_ms", "wall_ms", "e2e_tok_s",
+              "decode_tok_s", "itl_p50_ms", "itl_p95_ms", "alpha", "mean_accepted_length", "accepted_per_position",
+              "mean_k", "round_p50_ms", "round_p95_ms"}
+SUMMARY_FIELDS = {"prompts", "decode_tok_s", "e2e_tok_s", "ttft_ms", "speedup_decode_median", "speedup_decode_min",
+                  "speedup_e2e_median", "alpha", "mean_accepted_length", "mean_k", "itl_p50_ms", "itl_p95_ms",
+                  "acceptance_by_position"}
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    f = tmp_path_factory.mktemp("prompts") / "p.jsonl"
+    f.write_text("\n".join(json.dumps(d) for d in [
+        {"class": "code", "prompt": "def add(a, b):"}, {"class": "code", "prompt": "class Node:"},
+        {"class": "chat", "prompt": "The quick brown fox"}, {"class": "voice", "prompt": "单发"}]) + "\n")
+    return f
+
+
+def test_bench_writes_json_and_png(tiny_export, home, prompts_file, tmp_path):
+    out = tmp_path / "b"
+    r = subprocess.run([sys.executable, "-m", "edgespec.cli", "bench", str(tiny_export), "--prompts", str(prompts_file),
+                        "--modes", "plain,k2,adaptive", "--latency-budget-ms", "50", "--max-new-tokens", "16",
+                        "--cost-curve", "--out", str(out)], capture_output=True, text=True,
+                       env=dict(os.environ, EDGESPEC_HOME=str(home)), timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "| mode | class |" in r.stdout
+    res = json.loads(out.with_suffix(".json").read_text())
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert res["modes"] == ["plain", "k2", "adaptive", "adaptive@50"]
+    assert len(res["runs"]) == 4 * 4
+    for run in res["runs"]:
+        assert RUN_FIELDS <= set(run)
+    for mode, per in res["summary"].items():
+        assert set(per) == {"code", "chat", "voice", "all"}
+        for s in per.values():
+            assert SUMMARY_FIELDS <= set(s)
+    assert res["summary"]["plain"]["all"]["speedup_decode_median"] == 1.0
+    assert "share_rounds_over_budget" in res["summary"]["adaptive@50"]["all"]
+    c = res["cost_curve"]
+    assert len(c["ratio"]) == 9 and c["ratio"][0] == 1.0 and c["c"] > 0
+    assert set(res["predicted"]) == {"k2"}
+    assert res["peak_rss_mb"] > 0
+
+
+def test_speedups_are_paired_ratios():
+    runs = []
+    for prompt, (plain, spec) in enumerate([(10.0, 20.0), (10.0, 5.0), (1.0, 3.0)]):
+        for mode, tps in (("plain", plain), ("k2", spec)):
+            runs.append({"prompt": prompt, "class": "code", "mode": mode, "decode_tok_s": tps, "e2e_tok_s": tps,
+                         "ttft_ms": 1.0, "accepted": 1, "evaluated": 2, "accepted_per_position": [1],
+                         "proposed_per_position": [2], "mean_accepted_length": 1.5, "mean_k": 2.0,
+                         "itl_p50_ms": 1.0, "itl_p95_ms": 2.0, "rounds": 1})
+    s = summarize(runs, ["plain", "k2"])["k2"]["all"]
+    # paired ratios 2.0, 0.5, 3.0 → median 2.0 (a ratio of medians would say 5/10 = 0.5)
+    assert s["speedup_decode_median"] == 2.0 and s["speedup_decode_min"] == 0.5
+    assert s["alpha"] == 0.5 and s["acceptance_by_position"] == [0.5]
+
+
+def test_mode_names():
+    assert Mode.parse("k4").k == 4 and Mode.parse("adaptive@120").budget_ms == 120
+    with pytest.raises(ValueError):
+        Mode.parse("fast")
+
+
+def test_eval_on_the_tiny_pair(tiny_export, home, prompts_file):
+    r = subprocess.run([sys.executable, "-m", "edgespec.cli", "eval", str(tiny_export), "--prompts", str(prompts_file),
+                        "--draws", "200", "--ll-samples", "4", "--max-new-tokens", "16", "--json"],
+                       capture_output=True, text=True, env=dict(os.environ, EDGESPEC_HOME=str(home)), timeout=600)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert len(res["greedy"]) == 4 and all(g["identical"] for g in res["greedy"])
+    assert len(res["sampling"]) == 2 and all(s["tv"] < 3 * s["tv_noise"] + 0.02 for s in res["sampling"])
+    ll = res["likelihood"]
+    assert ll["spec"]["samples"] == ll["plain"]["samples"] == 4
