@@ -49,57 +49,73 @@ def expected_tokens(k: int, alpha: float) -> float:
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def best_k(cost: CostModel, alpha: float, k_max: int, budget_ms: float | None = None) -> tuple[int, list[float]]:
-    """The K in 0..k_max with the highest predicted tokens/ms within the budget; also the rates per K."""
-    rates = []
-    for k in range(k_max + 1):
-        t = cost.round_ms(k)
-        ok = budget_ms is None or t <= budget_ms or k == 0
-        rates.append(expected_tokens(k, alpha) / t if ok else -1.0)
-    return int(np.argmax(rates)), rates
-
-
 class AdaptiveK:
-    """K policy (see module docstring). ``observe`` refines alpha (EWMA) and the cost model from real rounds."""
+    """K policy (see module docstring). ``observe`` refines alpha (EWMA) and the cost model from real rounds.
+
+    Prompt lookup proposals are costed at t_v(K+1) (no draft model runs) with their own acceptance estimate.
+    """
 
     def __init__(self, cost: CostModel, k_max: int = 6, latency_budget_ms: float | None = None,
                  alpha0: float = 0.6, decay: float = 0.9, hysteresis: float = 0.05, probe_every: int = 16,
-                 probe_k: int = 2):
+                 probe_k: int = 2, has_draft: bool = True, lookup_alpha0: float = 0.5):
         self.cost, self.k_max, self.budget = cost, k_max, latency_budget_ms
-        self.acc, self.rej = alpha0 * 4, (1 - alpha0) * 4  # pseudo-counts of accepted / rejected draft tokens
+        # pseudo-counts of accepted / rejected proposal tokens, per source
+        self.counts = {"draft": [alpha0 * 4, (1 - alpha0) * 4], "lookup": [lookup_alpha0 * 4, (1 - lookup_alpha0) * 4]}
         self.decay, self.hysteresis = decay, hysteresis
         self.probe_every, self.probe_k = probe_every, probe_k
+        self.has_draft = has_draft
         self.plain_run = 0
-        self.last_k = None
 
-    @property
-    def alpha(self) -> float:
-        return self.acc / (self.acc + self.rej)
+    def alpha(self, source: str = "draft") -> float:
+        """Current acceptance estimate of ``source``, in [0, 1]."""
+        a, r = self.counts[source]
+        return a / (a + r)
 
-    def choose(self) -> int:
-        k, rates = best_k(self.cost, self.alpha, self.k_max, self.budget)
-        if k > 0 and rates[k] < rates[0] * (1 + self.hysteresis):
-            k = 0  # speculation must beat plain decoding by a margin to be switched on
-        if k == 0:
-            self.plain_run += 1
-            if self.plain_run >= self.probe_every:  # re-probe the acceptance rate
-                self.plain_run = 0
-                k = min(self.probe_k, self.k_max)
-                if self.budget is not None and self.cost.round_ms(k) > self.budget:
-                    k = 0
-        else:
+    def _best(self, source: str, k_max: int) -> tuple[int, float]:
+        """(K, predicted tokens/ms) for ``source``, K in 1..k_max within the budget; (0, -1) if none fits."""
+        best = (0, -1.0)
+        for k in range(1, k_max + 1):
+            t = self.cost.round_ms(k) if source == "draft" else self.cost.t_verify(k + 1)
+            if self.budget is not None and t > self.budget:
+                continue
+            rate = expected_tokens(k, self.alpha(source)) / t
+            if rate > best[1]:
+                best = (k, rate)
+        return best
+
+    def choose(self, lookup: int = 0) -> tuple[str, int]:
+        plain_rate = 1.0 / self.cost.t_verify(1)
+        options = []
+        if self.has_draft:
+            options.append(("draft", *self._best("draft", self.k_max)))
+        if lookup:
+            options.append(("lookup", *self._best("lookup", min(lookup, self.k_max))))
+        source, k, rate = max(options, key=lambda o: o[2], default=("draft", 0, -1.0))
+        if k > 0 and rate >= plain_rate * (1 + self.hysteresis):  # must beat plain decoding by a margin
             self.plain_run = 0
-        self.last_k = k
-        return k
+            return source, k
+        self.plain_run += 1
+        if self.plain_run >= self.probe_every:  # re-probe, so acceptance estimates can recover
+            self.plain_run = 0
+            src = "lookup" if lookup else "draft"
+            if src == "draft" and not self.has_draft:
+                return "draft", 0
+            k = min(self.probe_k, self.k_max, lookup or self.k_max)
+            t = self.cost.round_ms(k) if src == "draft" else self.cost.t_verify(k + 1)
+            if self.budget is None or t <= self.budget:
+                return src, k
+        return "draft", 0
 
-    def observe(self, k: int, accepted: int, draft_ms: float, verify_ms: float) -> None:
-        """Update alpha from the round's outcome and t_d, t_v(K+1) from its measured times (EWMA)."""
+    def observe(self, source: str, k: int, accepted: int, draft_ms: float, verify_ms: float) -> None:
+        """Update the source's alpha from the round's outcome and t_d, t_v(K+1) from its measured times (EWMA)."""
         self._ewma_verify(k + 1, verify_ms)
         if k == 0:
             return
-        self.acc = self.decay * self.acc + accepted
-        self.rej = self.decay * self.rej + int(accepted < k)
-        self.cost.draft_ms = 0.9 * self.cost.draft_ms + 0.1 * (draft_ms / k)
+        c = self.counts[source]
+        c[0] = self.decay * c[0] + accepted
+        c[1] = self.decay * c[1] + int(accepted < k)
+        if source == "draft":
+            self.cost.draft_ms = 0.9 * self.cost.draft_ms + 0.1 * (draft_ms / k)
 
     def _ewma_verify(self, n: int, ms: float) -> None:
         if n <= len(self.cost.verify_ms):
@@ -107,9 +123,12 @@ class AdaptiveK:
 
     @classmethod
     def for_decoder(cls, decoder, latency_budget_ms: float | None = None, k_max: int = 6,
-                    **kw) -> "AdaptiveK":
-        """A controller with ``decoder``'s calibrated cost model (measured once per device and export)."""
-        return cls(calibrate(decoder, k_max), k_max=k_max, latency_budget_ms=latency_budget_ms, **kw)
+                    has_draft: bool | None = None, **kw) -> "AdaptiveK":
+        """A controller with ``decoder``'s calibrated cost model (measured once per device and export).
+        ``has_draft`` False restricts it to prompt lookup (default: whether the decoder has a draft)."""
+        has_draft = decoder.draft is not None if has_draft is None else has_draft
+        return cls(calibrate(decoder, k_max), k_max=k_max, latency_budget_ms=latency_budget_ms,
+                   has_draft=has_draft, **kw)
 
 
 def _calibration_path(decoder, k_max: int):

@@ -25,24 +25,37 @@ from .stats import GenerationStats
 
 @dataclass(frozen=True)
 class Mode:
-    """``plain``, ``k<K>`` (fixed K) or ``adaptive`` (optionally with a latency budget in ms)."""
+    """A benchmark mode: ``plain``; ``k<K>`` (fixed K); ``adaptive`` or ``adaptive@<ms>`` (latency budget);
+    ``lookup`` (prompt lookup only, adaptive K); a ``+lookup`` suffix puts prompt lookup before the draft."""
 
     name: str
     k: int | None = None
     budget_ms: float | None = None
+    lookup: bool = False
+    draft: bool = True
 
     @staticmethod
     def parse(name: str) -> "Mode":
-        """From ``plain``, ``k4``, ``adaptive`` or ``adaptive@150``; ValueError otherwise."""
+        """From the names above; ValueError otherwise."""
         if name == "plain":
-            return Mode(name)
-        if name.startswith("k") and name[1:].isdigit():
-            return Mode(name, k=int(name[1:]))
-        if name == "adaptive":
-            return Mode(name)
-        if name.startswith("adaptive@"):
-            return Mode(name, budget_ms=float(name.split("@", 1)[1]))
-        raise ValueError(f"unknown mode {name!r} (plain, k<K>, adaptive, adaptive@<ms>)")
+            return Mode(name, k=0, draft=False)
+        if name == "lookup":
+            return Mode(name, lookup=True, draft=False)
+        base, lookup = (name[:-7], True) if name.endswith("+lookup") else (name, False)
+        if base.startswith("k") and base[1:].isdigit():
+            return Mode(name, k=int(base[1:]), lookup=lookup)
+        if base == "adaptive":
+            return Mode(name, lookup=lookup)
+        if base.startswith("adaptive@"):
+            try:
+                return Mode(name, budget_ms=float(base.split("@", 1)[1]), lookup=lookup)
+            except ValueError:
+                pass
+        raise ValueError(f"unknown mode {name!r} (plain, k<K>, adaptive, adaptive@<ms>, lookup, …+lookup)")
+
+    @property
+    def decoder_mode(self) -> str:
+        return "plain" if self.name == "plain" else ("spec" if self.draft else "lookup")
 
 
 def _pct(xs, q) -> float | None:
@@ -54,17 +67,14 @@ def run_one(dec: SpecDecoder, mode: Mode, prompt: Prompt, max_new_tokens: int, s
     """One generation from fresh caches; returns its measurements (times in ms, rates in tok/s)."""
     dec.reset()
     ids = dec.encode(messages=list(prompt.messages))
-    if mode.name == "plain":
-        k, m = 0, "plain"
-    elif mode.k is not None:
-        k, m = mode.k, "spec"
-    else:
-        k, m = AdaptiveK.for_decoder(dec, latency_budget_ms=mode.budget_ms), "spec"
+    m = mode.decoder_mode
+    k = mode.k if mode.k is not None else AdaptiveK.for_decoder(dec, latency_budget_ms=mode.budget_ms,
+                                                                has_draft=mode.draft)
     stats = GenerationStats()
     t0 = time.perf_counter()
     last, gaps = t0, []
     first_ms = None
-    for toks, _ in dec.generate_ids(ids, max_new_tokens, sp, seed, k, m, stats):
+    for toks, _ in dec.generate_ids(ids, max_new_tokens, sp, seed, k, m, mode.lookup, stats):
         now = time.perf_counter()
         if first_ms is None:
             first_ms = (now - t0) * 1e3
@@ -76,7 +86,7 @@ def run_one(dec: SpecDecoder, mode: Mode, prompt: Prompt, max_new_tokens: int, s
         "class": prompt.cls, "mode": mode.name, "prompt_tokens": len(ids), "new_tokens": s.new_tokens,
         "ttft_ms": first_ms, "wall_ms": s.wall_ms, "e2e_tok_s": s.tokens_per_s, "decode_tok_s": s.decode_tokens_per_s,
         "itl_p50_ms": _pct(gaps, 50), "itl_p95_ms": _pct(gaps, 95), "rounds": s.rounds,
-        "alpha": s.alpha if m == "spec" else None, "accepted": s.accepted, "evaluated": s.evaluated,
+        "alpha": s.alpha if m != "plain" else None, "lookup_rounds": s.lookup_rounds, "accepted": s.accepted, "evaluated": s.evaluated,
         "proposed": s.proposed, "mean_accepted_length": s.mean_accepted_length,
         "accepted_per_position": s.accepted_per_position, "proposed_per_position": s.proposed_per_position,
         "mean_k": float(np.mean(s.k_per_round)) if s.k_per_round else 0.0,

@@ -14,6 +14,7 @@ import numpy as np
 
 from .errors import EdgespecError
 from .kpolicy import FixedK, KPolicy
+from .lookup import ngram_lookup
 from .manifest import Manifest, load_manifest
 from .onnx_model import KVCache, OnnxLM
 from .sampling import SamplingParams, accept_reject, probs, sample
@@ -44,6 +45,9 @@ class SpecDecoder:
         self.template = template
         self.manifest = manifest
         self.width = target.spec.vocab_size  # q is defined over the target's vocabulary
+        self.kept_ids = None  # int64 (N,): target ids of a pruned draft head's N outputs
+        if draft is not None and draft.spec.kept_token_ids and manifest is not None:
+            self.kept_ids = np.load(Path(draft.export_dir) / draft.spec.kept_token_ids)
         self.reset()
 
     @classmethod
@@ -124,86 +128,99 @@ class SpecDecoder:
         logits = self.target.forward(self.tokens[-1:], self.tcache)
         return sample(probs(logits[-1], sp), rng)
 
-    def _spec_round(self, k: int, sp: SamplingParams, rng: np.random.Generator,
-                    stats: GenerationStats) -> tuple[list[int], int, float, float]:
-        """One speculative round (Leviathan et al. 2023, Algorithm 1).
+    def _draft_probs(self, logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
+        """q over the target's vocabulary from draft logits (pruned heads map back; q = 0 outside)."""
+        if self.kept_ids is None:
+            return probs(logits, sp, self.width)
+        q = np.zeros(self.width, dtype=np.float64)
+        q[self.kept_ids] = probs(logits, sp)
+        return q
 
-        Returns (new tokens, accepted draft tokens, draft ms, verify ms).
-
-        Invariant on entry: the target cache holds positions 0..L-1 of ``self.tokens``; ``self.tokens[L]``
-        (``last``) is committed but not cached; the draft cache holds 0..Ld-1 with Ld ≤ L (it lags after
-        plain steps or full acceptance and catches up in step 1).
-        """
-        L = len(self.tokens) - 1
-        # 1. draft: feed what the draft has not seen (at least `last`), then K tokens from q
-        t0 = time.perf_counter()
+    def _propose_draft(self, k: int, sp: SamplingParams, rng: np.random.Generator) -> tuple[list[int], np.ndarray]:
+        """K tokens sampled autoregressively from the draft's q; feeds first what the draft has not seen."""
         feed, drafted, q = self.tokens[self.dcache.length:], [], []
         for _ in range(k):
             logits = self.draft.forward(feed, self.dcache)[-1]
-            q.append(probs(logits, sp, self.width))
+            q.append(self._draft_probs(logits, sp))
             drafted.append(sample(q[-1], rng))
             feed = drafted[-1:]
-        t1 = time.perf_counter()
+        return drafted, np.stack(q)
+
+    def _spec_round(self, drafted: list[int], q: np.ndarray, sp: SamplingParams, rng: np.random.Generator,
+                    stats: GenerationStats) -> tuple[list[int], int]:
+        """Verify, accept and roll back one proposal (Leviathan et al. 2023, Algorithm 1).
+
+        Invariant on entry: the target cache holds positions 0..L-1 of ``self.tokens``; ``self.tokens[L]``
+        (``last``) is committed but not cached; the draft cache holds 0..Ld-1 with Ld ≤ L + K (it lags after
+        plain steps, lookup rounds or full acceptance, and catches up in the next draft proposal).
+        ``drafted`` int (K,) was sampled from ``q`` float (K, V). Returns (new tokens, accepted count).
+        """
+        L, k = len(self.tokens) - 1, len(drafted)
         # 2. verify: the target scores `last` and all K drafted tokens in one run → p (K+1, V)
         p = probs(self.target.forward([self.tokens[-1]] + drafted, self.tcache), sp)
-        t2 = time.perf_counter()
         # 3. accept: min(1, p/q) per token; correction from norm(max(0, p-q)) or a bonus token from p_{K+1}
-        n, x = accept_reject(np.asarray(drafted), np.stack(q), p, rng)
-        # 4. roll back both caches to the committed length L + 1 + n (the draft keeps ≤ that; 5. catch-up is
-        #    the next round's step 1)
+        n, x = accept_reject(np.asarray(drafted), q, p, rng)
+        # 4. roll back both caches to the committed length L + 1 + n (the one rollback site of a round;
+        #    5. the draft's catch-up happens in its next proposal)
         self.tcache.crop(L + 1 + n)
-        self.dcache.crop(L + 1 + n)
-        draft_ms, verify_ms = (t1 - t0) * 1e3, (t2 - t1) * 1e3
-        stats.draft_ms += draft_ms
-        stats.verify_ms += verify_ms
+        if self.dcache is not None:
+            self.dcache.crop(L + 1 + n)
         stats.proposed += k
         stats.accepted += n
         stats.corrections += int(n < k)
         stats.bonus += int(n == k)
         stats.record_position(k, n)
-        return drafted[:n] + [x], n, draft_ms, verify_ms
+        return drafted[:n] + [x], n
 
     # -- generation ------------------------------------------------------------------------------------
 
     def generate_ids(self, input_ids: list[int], max_new_tokens: int = 256, sampling: SamplingParams = SamplingParams(),
-                     seed: int | None = None, k: int | KPolicy = 4, mode: str = "spec",
+                     seed: int | None = None, k: int | KPolicy = 4, mode: str = "spec", lookup: bool = False,
                      stats: GenerationStats | None = None) -> Iterator[tuple[list[int], int]]:
-        """Yield ``(new token ids, how many of them are accepted draft tokens)`` per target run.
+        """Yield ``(new token ids, how many of them are accepted proposal tokens)`` per target run.
 
+        ``mode``: ``spec`` (draft model; with ``lookup=True`` prompt lookup first, the draft model when
+        lookup has no match), ``lookup`` (prompt lookup only, no draft model) or ``plain`` (target only).
         Stop tokens end generation and are not yielded. ``max_new_tokens`` is never exceeded; K is clamped
         so that every verified position stays inside the context. ``stats`` (if given) is filled in place.
 
         Raises:
             ValueError: empty prompt, prompt not shorter than the context, bad mode/K/max_new_tokens.
         """
-        if mode not in ("spec", "plain"):
-            raise ValueError(f"mode must be 'spec' or 'plain', got {mode!r}")
+        if mode not in ("spec", "lookup", "plain"):
+            raise ValueError(f"mode must be 'spec', 'lookup' or 'plain', got {mode!r}")
         if mode == "spec" and self.draft is None:
-            raise ValueError("this decoder was loaded without its draft; use mode='plain'")
+            raise ValueError("this decoder was loaded without its draft; use mode='plain' or 'lookup'")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
-        policy = FixedK(k) if isinstance(k, int) else k
+        if isinstance(k, int):
+            policy = FixedK(k, draft=mode == "spec")
+        else:
+            policy = k
         if len(input_ids) == 0:
             raise ValueError("the prompt is empty")
         if len(input_ids) >= self.context_length:
             raise ValueError(f"the prompt is {len(input_ids)} tokens; the context holds {self.context_length}")
-        return self._generate(list(input_ids), max_new_tokens, sampling, seed, policy, mode,
-                              stats if stats is not None else GenerationStats())
+        stats = stats if stats is not None else GenerationStats()
+        use_lookup = mode == "lookup" or lookup
+        return self._generate(list(input_ids), max_new_tokens, sampling, seed, policy, mode, use_lookup, stats)
 
-    def _generate(self, input_ids, max_new_tokens, sampling, seed, policy, mode, stats):
+    def _generate(self, input_ids, max_new_tokens, sampling, seed, policy, mode, use_lookup, stats):
         stats.mode, stats.prompt_tokens = mode, len(input_ids)
         rng = np.random.default_rng(seed)
         t_start = time.perf_counter()
-        x = self._prefill(input_ids, sampling, rng)
+        new, n_from_proposal = [self._prefill(input_ids, sampling, rng)], 0
         stats.prefill_ms = (time.perf_counter() - t_start) * 1e3
-        new, n_draft = [x], 0
         while True:
+            room = max_new_tokens - stats.new_tokens
             stop = next((i for i, t in enumerate(new) if t in self.stop_ids), None)
-            if stop is not None:
+            if stop is not None and stop < room:
                 new, stats.stop_reason = new[:stop], "stop_token"
-            new = new[:max_new_tokens - stats.new_tokens]
-            stats.new_tokens += len(new) + (stop is not None)
-            yield new, min(n_draft, len(new))
+                stats.new_tokens += 1  # the stop token was generated, not emitted
+            else:
+                stop, new = None, new[:room]
+            stats.new_tokens += len(new)
+            yield new, min(n_from_proposal, len(new))
             stats.wall_ms = (time.perf_counter() - t_start) * 1e3
             if stop is not None:
                 break
@@ -216,27 +233,41 @@ class SpecDecoder:
                 stats.stop_reason = "context"
                 break
             t0 = time.perf_counter()
-            kk = 0 if mode == "plain" else max(0, min(policy.choose(), remaining - 1, self.context_length - 1 - L))
+            k_cap = min(remaining - 1, self.context_length - 1 - L)
+            candidate = ngram_lookup(self.tokens, k_cap) if use_lookup and mode != "plain" else []
+            source, kk = ("draft", 0) if mode == "plain" else policy.choose(len(candidate))
+            kk = max(0, min(kk, k_cap))
+            draft_ms = 0.0
             if kk == 0:
-                new, n_draft = [self._plain_step(sampling, rng)], 0
-                draft_ms, verify_ms = 0.0, (time.perf_counter() - t0) * 1e3
+                new, n_from_proposal = [self._plain_step(sampling, rng)], 0
                 stats.plain_steps += 1
-                stats.verify_ms += verify_ms
             else:
-                new, n_draft, draft_ms, verify_ms = self._spec_round(kk, sampling, rng, stats)
+                if source == "lookup":
+                    drafted = candidate[:kk]
+                    q = np.zeros((len(drafted), self.width))
+                    q[np.arange(len(drafted)), drafted] = 1.0  # one-hot q: accepted with probability p(x)
+                    stats.lookup_rounds += 1
+                else:
+                    drafted, q = self._propose_draft(kk, sampling, rng)
+                t1 = time.perf_counter()
+                draft_ms = (t1 - t0) * 1e3
+                stats.draft_ms += draft_ms
+                new, n_from_proposal = self._spec_round(drafted, q, sampling, rng, stats)
+                if source == "lookup":
+                    stats.lookup_accepted += n_from_proposal
             dt = (time.perf_counter() - t0) * 1e3
+            stats.verify_ms += dt - draft_ms
             stats.rounds += 1
             stats.k_per_round.append(kk)
             stats.round_ms.append(dt)
-            if mode == "spec":
-                policy.observe(kk, n_draft, draft_ms, verify_ms)
+            policy.observe(source, kk, n_from_proposal, draft_ms, dt - draft_ms)
             self.tokens.extend(new)
         stats.wall_ms = (time.perf_counter() - t_start) * 1e3
 
     def generate(self, prompt: str | None = None, *, messages: list[dict] | None = None,
                  input_ids: list[int] | None = None, max_new_tokens: int = 256, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, k: int | KPolicy = 4,
-                 mode: str = "spec") -> "Generation":
+                 mode: str = "spec", lookup: bool = False) -> "Generation":
         """Generate from a raw prompt, chat messages, or token ids; iterate the result for text pieces.
 
         Returns a :class:`Generation`: iterating it streams text (str), then ``.stats``, ``.text`` and
@@ -248,7 +279,7 @@ class SpecDecoder:
         if isinstance(k, int) and k < 0:
             raise ValueError(f"k must be ≥ 0, got {k}")
         stats = GenerationStats()
-        it = self.generate_ids(list(input_ids), max_new_tokens, sp, seed, k, mode, stats)
+        it = self.generate_ids(list(input_ids), max_new_tokens, sp, seed, k, mode, lookup, stats)
         return Generation(it, self.tokenizer, stats)
 
 

@@ -77,7 +77,9 @@ def first_token_check(decoder, input_ids: list[int], sp: SamplingParams, draws: 
     for s in range(draws):
         decoder.reset()
         decoder._prefill_state(input_ids)
-        new, _, _, _ = decoder._spec_round(k, sp, np.random.default_rng(seed + s), _NullStats())
+        rng = np.random.default_rng(seed + s)
+        drafted, q = decoder._propose_draft(k, sp, rng)
+        new, _ = decoder._spec_round(drafted, q, sp, rng, _NullStats())
         counts[new[0]] += 1
     decoder.reset()
     rng = np.random.default_rng(seed)

@@ -1,4 +1,7 @@
-"""How many tokens to draft each round (K). Fixed, scheduled (tests), or adaptive (see :mod:`.adaptive`)."""
+"""How to draft each round: the source (draft model or prompt lookup) and K.
+
+Fixed, scheduled (tests), or adaptive (see :mod:`.adaptive`). K = 0 means a plain target step.
+"""
 
 from __future__ import annotations
 
@@ -6,40 +9,43 @@ from typing import Protocol
 
 
 class KPolicy(Protocol):
-    """Chooses K before a round and learns from its outcome."""
+    """Chooses the proposal source and K before a round and learns from its outcome."""
 
-    def choose(self) -> int:
-        """K for the next round (0 = a plain target step)."""
+    def choose(self, lookup: int = 0) -> tuple[str, int]:
+        """``("draft", K)`` or ``("lookup", K)``; ``lookup`` is how many tokens prompt lookup can propose now
+        (0: none, or lookup is off). K = 0 is a plain target step."""
 
-    def observe(self, k: int, accepted: int, draft_ms: float, verify_ms: float) -> None:
-        """A round with draft length ``k`` accepted ``accepted`` draft tokens; its draft and target times (ms)."""
+    def observe(self, source: str, k: int, accepted: int, draft_ms: float, verify_ms: float) -> None:
+        """A round from ``source`` with draft length ``k`` accepted ``accepted`` tokens; its times in ms."""
 
 
 class FixedK:
-    """Always K."""
+    """Always K: from prompt lookup when it has a match (up to K tokens), else from the draft model."""
 
-    def __init__(self, k: int):
+    def __init__(self, k: int, draft: bool = True):
         if k < 0:
             raise ValueError(f"k must be ≥ 0, got {k}")
-        self.k = k
+        self.k, self.draft = k, draft
 
-    def choose(self) -> int:
-        return self.k
+    def choose(self, lookup: int = 0) -> tuple[str, int]:
+        if lookup:
+            return "lookup", min(self.k, lookup)
+        return "draft", self.k if self.draft else 0
 
-    def observe(self, k: int, accepted: int, draft_ms: float, verify_ms: float) -> None:
+    def observe(self, source: str, k: int, accepted: int, draft_ms: float, verify_ms: float) -> None:
         pass
 
 
 class KSchedule:
-    """K from a list, cycled (forces e.g. [4, 0, 0, 4, 1, 0, 4] in tests)."""
+    """K from a list, cycled (forces e.g. [4, 0, 0, 4, 1, 0, 4] in tests); draft model only."""
 
     def __init__(self, schedule: list[int]):
         self.schedule, self.i = list(schedule), 0
 
-    def choose(self) -> int:
+    def choose(self, lookup: int = 0) -> tuple[str, int]:
         k = self.schedule[self.i % len(self.schedule)]
         self.i += 1
-        return k
+        return "draft", k
 
-    def observe(self, k: int, accepted: int, draft_ms: float, verify_ms: float) -> None:
+    def observe(self, source: str, k: int, accepted: int, draft_ms: float, verify_ms: float) -> None:
         pass

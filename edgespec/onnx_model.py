@@ -79,6 +79,7 @@ class OnnxLM:
     def __init__(self, spec: GraphSpec, export_dir: str | Path, provider: str = "cpu", threads: int | None = None,
                  spin: bool = True):
         self.spec = spec
+        self.export_dir = Path(export_dir)
         so = ort.SessionOptions()
         so.log_severity_level = 3
         so.intra_op_num_threads = threads or (os.cpu_count() or 1)

@@ -25,6 +25,8 @@ class GenerationStats:
     corrections: int = 0
     bonus: int = 0
     plain_steps: int = 0
+    lookup_rounds: int = 0
+    lookup_accepted: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     proposed_per_position: list[int] = field(default_factory=list)
     k_per_round: list[int] = field(default_factory=list)

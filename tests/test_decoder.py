@@ -37,11 +37,11 @@ class _CheckedSchedule(KSchedule):
         super().__init__(schedule)
         self.d = decoder
 
-    def choose(self):
+    def choose(self, lookup=0):
         d = self.d
         assert d.tcache.length == len(d.tokens) - 1  # target: positions 0..L-1, `last` not cached
         assert d.dcache.length <= d.tcache.length  # the draft may lag, never lead
-        return super().choose()
+        return super().choose(lookup)
 
 
 @pytest.mark.parametrize("schedule", [[4], [4, 0, 0, 4, 1, 0, 4]])

@@ -1,0 +1,30 @@
+"""Prompt lookup (n-gram) drafting: propose what followed the latest earlier occurrence of the current suffix.
+
+No draft model: the proposal is the continuation of the longest recent n-gram match in the prompt and the
+output so far (Saxena 2023, "prompt lookup decoding"; llama.cpp's lookup decoding). Its q is one-hot on the
+proposed token, so the accept/reject rule accepts it with probability p(x) and on rejection samples from p
+with x removed, which keeps the target distribution exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def ngram_lookup(tokens: list[int], k: int, max_ngram: int = 4, min_ngram: int = 2,
+                 window: int = 4096) -> list[int]:
+    """Up to ``k`` token ids continuing the longest suffix n-gram (``max_ngram`` down to ``min_ngram``) of
+    ``tokens`` that also occurs earlier in the last ``window`` tokens; the most recent occurrence wins.
+    Returns [] when there is no match."""
+    if k <= 0 or len(tokens) <= min_ngram:
+        return []
+    arr = np.asarray(tokens[-window:], dtype=np.int64)
+    n_tok = len(arr)
+    for n in range(min(max_ngram, n_tok - 1), min_ngram - 1, -1):
+        suffix = arr[n_tok - n:]
+        # candidate starts s with arr[s:s+n] == suffix and s + n < n_tok (something follows it)
+        starts = np.flatnonzero(arr[: n_tok - n] == suffix[0])
+        for s in starts[::-1]:
+            if s + n < n_tok and np.array_equal(arr[s:s + n], suffix):
+                return arr[s + n: s + n + k].tolist()
+    return []

@@ -1,0 +1,116 @@
+"""Adaptive K and prompt lookup: the controller on an injected cost model, lookup drafting losslessness."""
+
+import numpy as np
+import pytest
+
+from edgespec.adaptive import AdaptiveK, CostModel, expected_tokens
+from edgespec.decoder import SpecDecoder
+from edgespec.lookup import ngram_lookup
+from edgespec.sampling import SamplingParams, accept_reject, probs, sample
+
+LINEAR = [100.0 + 10.0 * (n - 1) for n in range(1, 9)]  # t_v(N) = 100 ms + 10 ms per extra row
+
+
+def _feed(policy, source, k, accepted, n=50):
+    for _ in range(n):
+        policy.observe(source, k, accepted, 0.0, policy.cost.t_verify(k + 1))
+
+
+def test_expected_tokens_formula():
+    assert expected_tokens(0, 0.7) == pytest.approx(1.0)
+    assert expected_tokens(3, 0.5) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert expected_tokens(4, 1.0) == 5.0
+
+
+def test_expensive_draft_gives_k0():
+    pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=90.0), alpha0=0.9)
+    assert pol.choose() == ("draft", 0)
+
+
+def test_cheap_draft_and_high_alpha_give_k_above_0():
+    pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=5.0), alpha0=0.9)
+    src, k = pol.choose()
+    assert src == "draft" and k >= 3
+
+
+def test_low_acceptance_switches_to_plain_and_probes_to_recover():
+    pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=10.0), alpha0=0.9, probe_every=8)
+    assert pol.choose()[1] > 0
+    _feed(pol, "draft", 4, 0)  # nothing accepted: speculation does not pay
+    ks = [pol.choose()[1] for _ in range(16)]
+    assert ks.count(0) >= 14 and max(ks) > 0  # plain steps, with a probe round every 8
+    _feed(pol, "draft", 2, 2)  # the text became predictable
+    assert pol.choose()[1] > 0
+
+
+def test_latency_budget_is_respected():
+    cost = CostModel(list(LINEAR), draft_ms=5.0)
+    pol = AdaptiveK(cost, alpha0=0.95, latency_budget_ms=125.0)
+    src, k = pol.choose()
+    assert k > 0 and cost.round_ms(k) <= 125.0
+    assert AdaptiveK(CostModel(list(LINEAR), draft_ms=5.0), alpha0=0.95).choose()[1] > k
+
+
+def test_lookup_is_preferred_when_it_is_accepted_and_free():
+    pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=40.0), alpha0=0.6, lookup_alpha0=0.9)
+    src, k = pol.choose(lookup=5)
+    assert src == "lookup" and 1 <= k <= 5
+    assert pol.choose(lookup=0)[0] == "draft"
+
+
+def test_ngram_lookup():
+    toks = [1, 2, 3, 4, 5, 9, 9, 2, 3]
+    assert ngram_lookup(toks, 3) == [4, 5, 9]  # suffix [2, 3] occurred at 1..2
+    assert ngram_lookup([1, 2, 3, 7, 8, 2, 3, 5, 6, 2, 3], 2) == [5, 6]  # the most recent occurrence wins
+    assert ngram_lookup([1, 2, 3, 4], 3) == []
+    assert ngram_lookup([5, 5, 5, 5], 2) == [5]
+
+
+def test_one_hot_q_keeps_the_target_distribution():
+    """Lookup proposes a fixed token x (q one-hot): emitted tokens still follow p."""
+    rng = np.random.default_rng(0)
+    p = probs(np.array([0.5, 1.5, -0.3, 0.9]), SamplingParams(0.8))
+    draws = 50_000
+    counts = np.zeros(4)
+    q = np.zeros((1, 4))
+    q[0, 1] = 1.0
+    for _ in range(draws):
+        n, tok = accept_reject(np.array([1]), q, np.stack([p, p]), rng)
+        counts[1 if n == 1 else tok] += 1
+    assert 0.5 * np.abs(counts / draws - p).sum() < 0.01
+    assert sample(p, rng) in range(4)
+
+
+@pytest.fixture(scope="module")
+def dec(tiny_export):
+    return SpecDecoder.load(tiny_export)
+
+
+@pytest.mark.parametrize("mode,lookup", [("lookup", True), ("spec", True)])
+@pytest.mark.parametrize("prompt", ["def add(a, b):", "The quick brown", "class Node:\n"])
+def test_lookup_greedy_equals_target_greedy(dec, mode, lookup, prompt):
+    ids = dec.encode(prompt)
+    dec.reset()
+    plain = dec.generate(input_ids=ids, max_new_tokens=80, mode="plain").run()
+    dec.reset()
+    g = dec.generate(input_ids=ids, max_new_tokens=80, k=4, mode=mode, lookup=lookup).run()
+    assert g.token_ids == plain.token_ids
+    assert g.stats.accepted <= g.stats.evaluated <= g.stats.proposed
+
+
+def test_lookup_rounds_happen_on_repetitive_text(dec):
+    ids = dec.encode("def add(a, b):\n    return a + b\ndef add(a, b):\n    return a + b\ndef add(a, b):")
+    dec.reset()
+    g = dec.generate(input_ids=ids, max_new_tokens=40, k=4, mode="lookup").run()
+    assert g.stats.lookup_rounds > 0
+
+
+def test_adaptive_policy_in_generation_keeps_greedy_and_reports_k(dec):
+    ids = dec.encode("def add(a, b):")
+    dec.reset()
+    plain = dec.generate(input_ids=ids, max_new_tokens=60, mode="plain").run()
+    dec.reset()
+    pol = AdaptiveK(CostModel([1.0 + 0.1 * n for n in range(8)], draft_ms=0.05), probe_every=4)
+    g = dec.generate(input_ids=ids, max_new_tokens=60, k=pol, lookup=True).run()
+    assert g.token_ids == plain.token_ids
+    assert len(g.stats.k_per_round) == g.stats.rounds and max(g.stats.k_per_round) > 0
