@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accuracy-level", type=int, default=4, help="int4 MatMulNBits accuracy level (default 4)")
     p.add_argument("--lm-head-bits", type=int, choices=(4, 8, 32), default=None,
                    help="keep the output head at this many bits")
+    p.add_argument("--draft-vocab", type=_pos_int, default=None,
+                   help="prune the draft's lm_head to this many frequent token ids (FR-Spec), e.g. 32768")
 
     p = sub.add_parser("chat", help="interactive chat (streams; /reset /stats /exit)")
     _add_generation_options(p)
@@ -147,7 +149,8 @@ def _cmd_export(a) -> int:
     except ImportError:
         raise EdgespecError("the exporter is not installed: pip install 'edgespec[export]'") from None
     t = ExportOptions(a.precision, a.block_size, a.accuracy_level, a.lm_head_bits)
-    d = ExportOptions(a.draft_precision or a.precision, a.block_size, a.accuracy_level, a.lm_head_bits)
+    d = ExportOptions(a.draft_precision or a.precision, a.block_size, a.accuracy_level, a.lm_head_bits,
+                      a.draft_vocab)
     target, draft = a.target, a.draft
     if a.pair is not None:
         if target or draft:

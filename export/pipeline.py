@@ -16,6 +16,8 @@ import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
+
+import numpy as np
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -41,6 +43,7 @@ class ExportOptions:
     block_size: int = 32
     accuracy_level: int = 4
     lm_head_bits: int | None = None
+    vocab_size: int | None = None  # prune the lm_head to this many frequent ids (FR-Spec; draft only)
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
@@ -51,6 +54,8 @@ class ExportOptions:
             raise EdgespecError(f"accuracy level must be 0..4, not {self.accuracy_level}")
         if self.lm_head_bits not in (None, 4, 8, 32):
             raise EdgespecError(f"lm_head bits must be 4, 8 or 32, not {self.lm_head_bits}")
+        if self.vocab_size is not None and self.vocab_size < 256:
+            raise EdgespecError(f"a pruned draft vocabulary needs at least 256 ids, not {self.vocab_size}")
 
 
 def _log(msg: str) -> None:
@@ -90,7 +95,10 @@ def _resolve(target: str | None, draft: str | None) -> tuple[str, Source, Source
 
 
 def _cache_key(source: Source, opts: ExportOptions) -> str:
-    blob = json.dumps({"sha": source.sha256, "opts": asdict(opts), "graph": GRAPH_FORMAT}, sort_keys=True)
+    o = asdict(opts)
+    if o["vocab_size"] is None:  # absent when unset, so graphs cached before the option existed stay valid
+        del o["vocab_size"]
+    blob = json.dumps({"sha": source.sha256, "opts": o, "graph": GRAPH_FORMAT}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -125,15 +133,27 @@ def build_graph(info: ModelInfo, opts: ExportOptions, role: str) -> tuple[Path, 
                                     f"(> {FP32_TOLERANCE:g}); not writing a broken export")
             bar.set_description(f"{role}: quantize {opts.precision}"); bar.update()
             out = tmp / "model.onnx"
+            kept, ref = None, fp32
+            if opts.vocab_size is not None and opts.vocab_size < info.logits_width:
+                from .prune import kept_token_ids, prune_lm_head
+
+                kept, how = kept_token_ids(info.tokenizer, info.logits_width, opts.vocab_size)
+                np.save(tmp / "kept_token_ids.npy", kept)
+                ref = tmp / "full.onnx"
+                quantize(fp32, ref, "fp32")  # a full-vocabulary copy: the reference for the figures below
+                prune_lm_head(fp32, kept)
+                val["pruned_vocab"] = {"size": int(len(kept)), "source": how}
             quantize(fp32, out, opts.precision, opts.block_size, opts.accuracy_level, opts.lm_head_bits)
-            if opts.precision != "fp32":
-                val["quantized"] = validate_quantized(fp32, out, ids, layers, kv, hd)
-            fp32.unlink()
-            (tmp / "fp32.onnx.data").unlink()
+            if opts.precision != "fp32" or kept is not None:
+                val["quantized"] = validate_quantized(ref, out, ids, layers, kv, hd, kept)
+            for f in {fp32, ref}:
+                f.unlink()
+                f.with_name(f.name + ".data").unlink()
             bar.update()
         meta = {
             "architecture": info.config.model_type, "num_layers": layers, "num_kv_heads": kv, "head_dim": hd,
-            "vocab_size": info.logits_width,
+            "vocab_size": int(len(kept)) if kept is not None else info.logits_width,
+            "kept_token_ids": "kept_token_ids.npy" if kept is not None else None,
             "context_length": int(getattr(info.config, "max_position_embeddings", 4096)),
             "quantization": asdict(Quantization(opts.precision, opts.block_size if opts.precision == "int4" else None,
                                                 opts.accuracy_level if opts.precision == "int4" else None,
@@ -209,9 +229,12 @@ def export_pair(target: str | None, draft: str | None, out: str | Path | None = 
         specs = {}
         for role, (gdir, meta) in graphs.items():
             (tmp / role).mkdir()
-            for f in ("model.onnx", "model.onnx.data"):
-                _link_or_copy(gdir / f, tmp / role / f)
+            for f in ("model.onnx", "model.onnx.data", "kept_token_ids.npy"):
+                if (gdir / f).is_file():
+                    _link_or_copy(gdir / f, tmp / role / f)
             meta = {k: v for k, v in meta.items() if k != "build_seconds"}
+            if meta.get("kept_token_ids"):
+                meta["kept_token_ids"] = f"{role}/{meta['kept_token_ids']}"
             meta["quantization"] = Quantization(**meta["quantization"])
             meta["input_names"], meta["output_names"] = tuple(meta["input_names"]), tuple(meta["output_names"])
             specs[role] = GraphSpec(path=f"{role}/model.onnx", **meta)

@@ -88,12 +88,22 @@ def validate_fp32(model, onnx_path: Path, ids: np.ndarray, split: int = 8, step:
     }
 
 
-def validate_quantized(fp32_path: Path, q_path: Path, ids: np.ndarray, layers: int, kv: int, head_dim: int) -> dict:
-    """Greedy top-1 agreement and max |Δ logit| of the quantized graph against fp32 over ``len(ids)`` positions."""
+def validate_quantized(fp32_path: Path, q_path: Path, ids: np.ndarray, layers: int, kv: int, head_dim: int,
+                       kept: np.ndarray | None = None) -> dict:
+    """Greedy top-1 agreement and max |Δ logit| of the quantized graph against fp32 over ``len(ids)`` positions.
+
+    With a pruned head (``kept`` int64 (N,)), the quantized graph's argmax is mapped back to full ids, the
+    logit error is taken over the kept columns, and ``target_top1_in_kept`` is the share of positions whose
+    fp32 argmax survives pruning.
+    """
     ref, _ = run_onnx(session(fp32_path), ids, [], layers, kv, head_dim)
     got, _ = run_onnx(session(q_path), ids, [], layers, kv, head_dim)
-    return {
+    top = got.argmax(-1) if kept is None else kept[got.argmax(-1)]
+    out = {
         "positions": int(len(ids)),
-        "greedy_agreement": float((ref.argmax(-1) == got.argmax(-1)).mean()),
-        "max_abs_logit_error": float(np.abs(ref - got).max()),
+        "greedy_agreement": float((ref.argmax(-1) == top).mean()),
+        "max_abs_logit_error": float(np.abs((ref if kept is None else ref[:, kept]) - got).max()),
     }
+    if kept is not None:
+        out["target_top1_in_kept"] = float(np.isin(ref.argmax(-1), kept).mean())
+    return out

@@ -144,3 +144,35 @@ def test_bad_input_is_one_clear_error(home, tiny_dirs, tmp_path, case):
         assert (out / "keep.txt").read_text() == "mine"
     elif case != "out_not_dir":
         assert not out.exists()
+
+
+def test_pruned_draft_vocabulary(home, tiny_dirs, tmp_path):
+    """FR-Spec: the draft head keeps N ids; greedy and sampling stay exact through the id map."""
+    from edgespec.decoder import SpecDecoder
+    from edgespec_export import ExportOptions, export_pair
+
+    out = export_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), tmp_path / "pruned",
+                      ExportOptions("fp32"), ExportOptions("fp32", vocab_size=300))
+    m = load_manifest(out)
+    assert m.draft.vocab_size == 300 and m.draft.kept_token_ids == "draft/kept_token_ids.npy"
+    kept = np.load(out / m.draft.kept_token_ids)
+    assert len(kept) == 300 and np.all(np.diff(kept) > 0) and kept.max() < 512
+    v = m.draft.validation
+    assert v["pruned_vocab"]["size"] == 300 and "stdlib" in v["pruned_vocab"]["source"]
+    assert 0 <= v["quantized"]["target_top1_in_kept"] <= 1
+    s = ort.InferenceSession(str(out / m.draft.path), providers=["CPUExecutionProvider"])
+    assert s.get_outputs()[0].shape[2] == 300
+    dec = SpecDecoder.load(out)
+    for prompt in ("def add(a, b):", "The quick brown"):
+        ids = dec.encode(prompt)
+        dec.reset()
+        plain = dec.generate(input_ids=ids, max_new_tokens=50, mode="plain").run()
+        dec.reset()
+        g = dec.generate(input_ids=ids, max_new_tokens=50, k=3).run()
+        assert g.token_ids == plain.token_ids
+        assert g.stats.proposed > 0
+    from edgespec.evaluate import first_token_check
+    from edgespec.sampling import SamplingParams
+
+    r = first_token_check(dec, dec.encode("def add(a, b):"), SamplingParams(0.8, top_p=0.95), draws=2000, k=3)
+    assert r["tv"] < 3 * r["tv_noise"] + 0.01
