@@ -20,6 +20,7 @@ from .onnx_model import KVCache, OnnxLM
 from .sampling import SamplingParams, accept_reject, probs, sample
 from .stats import GenerationStats
 from .text import ChatTemplate, IncrementalDetokenizer, load_tokenizer
+from .tree import TokenTree, TreeShape, pick_children, verify_tree
 
 PREFILL_CHUNK = 256
 
@@ -160,11 +161,7 @@ class SpecDecoder:
         p = probs(self.target.forward([self.tokens[-1]] + drafted, self.tcache), sp)
         # 3. accept: min(1, p/q) per token; correction from norm(max(0, p-q)) or a bonus token from p_{K+1}
         n, x = accept_reject(np.asarray(drafted), q, p, rng)
-        # 4. roll back both caches to the committed length L + 1 + n (the one rollback site of a round;
-        #    5. the draft's catch-up happens in its next proposal)
-        self.tcache.crop(L + 1 + n)
-        if self.dcache is not None:
-            self.dcache.crop(L + 1 + n)
+        self._roll_back(L, list(range(n)), draft_kept=n)
         stats.proposed += k
         stats.accepted += n
         stats.corrections += int(n < k)
@@ -172,15 +169,92 @@ class SpecDecoder:
         stats.record_position(k, n)
         return drafted[:n] + [x], n
 
+    def _roll_back(self, L: int, accepted_rows: list[int], draft_kept: int) -> None:
+        """4. Roll back: the one place a round shortens the caches.
+
+        The target keeps the committed prefix 0..L (``last`` at L) and, after it, the verified rows of the
+        accepted proposal tokens (indices into the proposal; a chain's prefix is a view, a tree's path a
+        gather). The draft keeps its first ``draft_kept`` proposal positions; 5. its catch-up is the next
+        proposal's first feed.
+        """
+        self.tcache.crop(L + 1, keep=[L + 1 + i for i in accepted_rows])
+        if self.dcache is not None:
+            self.dcache.crop(min(self.dcache.length, L + 1 + draft_kept))
+
+    def _tree_q(self, logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
+        """The distribution tree children are drawn from: q itself when sampling; for greedy the draft's
+        temperature-1 softmax, so that the top-m children and the shape are informed by its uncertainty."""
+        return self._draft_probs(logits, SamplingParams(1.0) if sp.greedy else sp)
+
+    def _propose_tree(self, shape: TreeShape, sp: SamplingParams, rng: np.random.Generator) -> TokenTree:
+        """Grow a token tree with the draft, one draft run per level (see :mod:`.tree`)."""
+        L = len(self.tokens) - 1
+        tree = TokenTree()
+        logits = self.draft.forward(self.tokens[self.dcache.length:], self.dcache)[-1:]
+        committed = self.dcache.length  # = L + 1: everything up to and including `last`
+        frontier, score, slot = [-1], {-1: 1.0}, {}
+        for depth in range(1, shape.depth + 1):
+            level = []
+            for v, row in zip(frontier, logits):
+                q = self._tree_q(row, sp)
+                tree.q[v] = q
+                m = min(1 if q.max() >= shape.confident else shape.branch, shape.budget - len(tree))
+                for x in pick_children(q, m, sp, rng):
+                    c = tree.add(v, x)
+                    score[c] = score[v] * q[x]
+                    level.append(c)
+            if not level or len(tree) >= shape.budget or depth == shape.depth:
+                break
+            frontier = sorted(level, key=lambda c: -score[c])[:shape.width]
+            start = self.dcache.length
+            mask = np.zeros((1, 1, len(frontier), start + len(frontier)), dtype=bool)
+            mask[..., :committed] = True
+            for j, c in enumerate(frontier):
+                a = tree.parents[c]
+                while a >= 0:
+                    mask[0, 0, j, slot[a]] = True
+                    a = tree.parents[a]
+                mask[0, 0, j, start + j] = True
+                slot[c] = start + j
+            pos = np.array([L + tree.depth[c] for c in frontier], dtype=np.int64)
+            logits = self.draft.forward([tree.tokens[c] for c in frontier], self.dcache, pos, mask)
+        return tree
+
+    def _tree_round(self, shape: TreeShape, sp: SamplingParams, rng: np.random.Generator,
+                    stats: GenerationStats) -> tuple[list[int], int, float]:
+        """One tree round: 1. draft a tree, 2. verify every node in one target run with a tree mask,
+        3. walk it (greedy or multi-candidate rejection), 4. keep only the accepted path's KV entries.
+        Same entry invariant as :meth:`_spec_round`. Returns (new tokens, accepted count, draft ms)."""
+        L = len(self.tokens) - 1
+        t0 = time.perf_counter()
+        tree = self._propose_tree(shape, sp, rng)
+        draft_ms = (time.perf_counter() - t0) * 1e3
+        n_nodes = len(tree)
+        mask = np.ones((1, 1, n_nodes + 1, L + n_nodes + 1), dtype=bool)
+        mask[0, 0, :, L:] = tree.ancestors_mask()
+        pos = L + np.array([0] + tree.depth, dtype=np.int64)
+        p = probs(self.target.forward([self.tokens[-1]] + tree.tokens, self.tcache, pos, mask), sp)
+        path, x = verify_tree(tree, p, sp, rng)
+        self._roll_back(L, path, draft_kept=0)
+        leaf = not tree.children.get(path[-1] if path else -1)
+        stats.proposed += n_nodes
+        stats.accepted += len(path)
+        stats.corrections += int(not leaf)
+        stats.bonus += int(leaf)
+        stats.record_position(max(tree.depth, default=0), len(path))
+        return [tree.tokens[i] for i in path] + [x], len(path), draft_ms
+
     # -- generation ------------------------------------------------------------------------------------
 
     def generate_ids(self, input_ids: list[int], max_new_tokens: int = 256, sampling: SamplingParams = SamplingParams(),
                      seed: int | None = None, k: int | KPolicy = 4, mode: str = "spec", lookup: bool = False,
-                     stats: GenerationStats | None = None) -> Iterator[tuple[list[int], int]]:
+                     stats: GenerationStats | None = None, tree: bool = False) -> Iterator[tuple[list[int], int]]:
         """Yield ``(new token ids, how many of them are accepted proposal tokens)`` per target run.
 
         ``mode``: ``spec`` (draft model; with ``lookup=True`` prompt lookup first, the draft model when
         lookup has no match), ``lookup`` (prompt lookup only, no draft model) or ``plain`` (target only).
+        An int ``k`` is a fixed draft length, or with ``tree=True`` a fixed tree node budget; a
+        :class:`KPolicy` (e.g. :class:`~edgespec.adaptive.AdaptiveK`) chooses per round.
         Stop tokens end generation and are not yielded. ``max_new_tokens`` is never exceeded; K is clamped
         so that every verified position stays inside the context. ``stats`` (if given) is filled in place.
 
@@ -194,7 +268,7 @@ class SpecDecoder:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
         if isinstance(k, int):
-            policy = FixedK(k, draft=mode == "spec")
+            policy = FixedK(k, draft=mode == "spec", tree=tree)
         else:
             policy = k
         if len(input_ids) == 0:
@@ -233,7 +307,7 @@ class SpecDecoder:
                 stats.stop_reason = "context"
                 break
             t0 = time.perf_counter()
-            k_cap = min(remaining - 1, self.context_length - 1 - L)
+            k_cap = min(remaining - 1, self.context_length - 1 - L)  # also caps a tree's node count
             candidate = ngram_lookup(self.tokens, k_cap) if use_lookup and mode != "plain" else []
             source, kk = ("draft", 0) if mode == "plain" else policy.choose(len(candidate))
             kk = max(0, min(kk, k_cap))
@@ -241,6 +315,10 @@ class SpecDecoder:
             if kk == 0:
                 new, n_from_proposal = [self._plain_step(sampling, rng)], 0
                 stats.plain_steps += 1
+            elif source == "tree":
+                new, n_from_proposal, draft_ms = self._tree_round(TreeShape.for_budget(kk), sampling, rng, stats)
+                stats.draft_ms += draft_ms
+                stats.tree_rounds += 1
             else:
                 if source == "lookup":
                     drafted = candidate[:kk]
@@ -267,7 +345,7 @@ class SpecDecoder:
     def generate(self, prompt: str | None = None, *, messages: list[dict] | None = None,
                  input_ids: list[int] | None = None, max_new_tokens: int = 256, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, k: int | KPolicy = 4,
-                 mode: str = "spec", lookup: bool = False) -> "Generation":
+                 mode: str = "spec", lookup: bool = False, tree: bool = False) -> "Generation":
         """Generate from a raw prompt, chat messages, or token ids; iterate the result for text pieces.
 
         Returns a :class:`Generation`: iterating it streams text (str), then ``.stats``, ``.text`` and
@@ -279,7 +357,7 @@ class SpecDecoder:
         if isinstance(k, int) and k < 0:
             raise ValueError(f"k must be ≥ 0, got {k}")
         stats = GenerationStats()
-        it = self.generate_ids(list(input_ids), max_new_tokens, sp, seed, k, mode, lookup, stats)
+        it = self.generate_ids(list(input_ids), max_new_tokens, sp, seed, k, mode, lookup, stats, tree)
         return Generation(it, self.tokenizer, stats)
 
 

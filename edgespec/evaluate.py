@@ -65,8 +65,9 @@ def greedy_check(decoder, input_ids: list[int], max_new_tokens: int, k=4) -> dic
 
 
 def first_token_check(decoder, input_ids: list[int], sp: SamplingParams, draws: int, k: int = 4,
-                      seed: int = 0) -> dict:
-    """Distribution of the first token a speculative round emits after ``input_ids``, over ``draws`` seeds.
+                      seed: int = 0, tree: bool = False) -> dict:
+    """Distribution of the first token a speculative round (a chain of K, or a tree of K nodes) emits after
+    ``input_ids``, over ``draws`` seeds.
 
     Compares it with the target's processed distribution p at that position (exact, from one target run)
     and returns ``tv`` and ``tv_noise`` (mean TV of ``draws`` direct samples from p, 20 repeats).
@@ -78,8 +79,13 @@ def first_token_check(decoder, input_ids: list[int], sp: SamplingParams, draws: 
         decoder.reset()
         decoder._prefill_state(input_ids)
         rng = np.random.default_rng(seed + s)
-        drafted, q = decoder._propose_draft(k, sp, rng)
-        new, _ = decoder._spec_round(drafted, q, sp, rng, _NullStats())
+        if tree:
+            from .tree import TreeShape
+
+            new, _, _ = decoder._tree_round(TreeShape.for_budget(k), sp, rng, _NullStats())
+        else:
+            drafted, q = decoder._propose_draft(k, sp, rng)
+            new, _ = decoder._spec_round(drafted, q, sp, rng, _NullStats())
         counts[new[0]] += 1
     decoder.reset()
     rng = np.random.default_rng(seed)

@@ -12,7 +12,7 @@ class KPolicy(Protocol):
     """Chooses the proposal source and K before a round and learns from its outcome."""
 
     def choose(self, lookup: int = 0) -> tuple[str, int]:
-        """``("draft", K)`` or ``("lookup", K)``; ``lookup`` is how many tokens prompt lookup can propose now
+        """``("draft", K)``, ``("tree", nodes)`` or ``("lookup", K)``; ``lookup`` is how many tokens prompt lookup can propose now
         (0: none, or lookup is off). K = 0 is a plain target step."""
 
     def observe(self, source: str, k: int, accepted: int, draft_ms: float, verify_ms: float) -> None:
@@ -20,17 +20,18 @@ class KPolicy(Protocol):
 
 
 class FixedK:
-    """Always K: from prompt lookup when it has a match (up to K tokens), else from the draft model."""
+    """Always K: from prompt lookup when it has a match (up to K tokens), else from the draft model — a chain
+    of K tokens, or with ``tree`` a token tree of K nodes."""
 
-    def __init__(self, k: int, draft: bool = True):
+    def __init__(self, k: int, draft: bool = True, tree: bool = False):
         if k < 0:
             raise ValueError(f"k must be ≥ 0, got {k}")
-        self.k, self.draft = k, draft
+        self.k, self.draft, self.tree = k, draft, tree
 
     def choose(self, lookup: int = 0) -> tuple[str, int]:
         if lookup:
             return "lookup", min(self.k, lookup)
-        return "draft", self.k if self.draft else 0
+        return ("tree" if self.tree else "draft"), self.k if self.draft else 0
 
     def observe(self, source: str, k: int, accepted: int, draft_ms: float, verify_ms: float) -> None:
         pass

@@ -54,10 +54,19 @@ class KVCache:
         """Number of cached positions."""
         return self.tensors[0].shape[2]
 
-    def crop(self, n: int) -> None:
-        """Keep positions 0..n-1 (no copy; onnxruntime copies on the next feed)."""
-        if n < self.length:
-            self.tensors = [t[:, :, :n] for t in self.tensors]
+    def crop(self, n: int, keep=()) -> None:
+        """Keep positions 0..n-1, then the positions in ``keep`` (each ≥ n, in that order).
+
+        A contiguous ``keep`` (a chain's accepted prefix) is a view, no copy; a scattered one (a tree's
+        accepted path) gathers along the sequence axis.
+        """
+        keep = list(keep)
+        if keep == list(range(n, n + len(keep))):
+            if n + len(keep) < self.length:
+                self.tensors = [t[:, :, :n + len(keep)] for t in self.tensors]
+            return
+        idx = np.concatenate([np.arange(n), np.asarray(keep, dtype=np.int64)])
+        self.tensors = [np.take(t, idx, axis=2) for t in self.tensors]
 
 
 def causal_mask(past: int, new: int) -> np.ndarray:

@@ -26,6 +26,7 @@ class GenerationStats:
     bonus: int = 0
     plain_steps: int = 0
     lookup_rounds: int = 0
+    tree_rounds: int = 0
     lookup_accepted: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     proposed_per_position: list[int] = field(default_factory=list)
