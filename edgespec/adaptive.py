@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from . import paths
+from .tree import TreeShape
 
 
 @dataclass
@@ -57,7 +58,8 @@ class AdaptiveK:
 
     def __init__(self, cost: CostModel, k_max: int = 6, latency_budget_ms: float | None = None,
                  alpha0: float = 0.6, decay: float = 0.9, hysteresis: float = 0.05, probe_every: int = 16,
-                 probe_k: int = 2, has_draft: bool = True, lookup_alpha0: float = 0.5):
+                 probe_k: int = 2, has_draft: bool = True, lookup_alpha0: float = 0.5, tree: bool = False,
+                 tree_budgets: tuple[int, ...] = (4, 6, 8, 12)):
         self.cost, self.k_max, self.budget = cost, k_max, latency_budget_ms
         # pseudo-counts of accepted / rejected proposal tokens, per source
         self.counts = {"draft": [alpha0 * 4, (1 - alpha0) * 4], "lookup": [lookup_alpha0 * 4, (1 - lookup_alpha0) * 4]}
@@ -65,6 +67,10 @@ class AdaptiveK:
         self.probe_every, self.probe_k = probe_every, probe_k
         self.has_draft = has_draft
         self.plain_run = 0
+        # trees: EWMA of accepted tokens per round for each node budget, optimistic start (the chain's
+        # expectation at the tree's depth) so that every budget gets tried
+        self.tree_budgets = tree_budgets if tree and has_draft else ()
+        self.tree_accepted = {b: expected_tokens(TreeShape.for_budget(b).depth, alpha0) - 1 for b in self.tree_budgets}
 
     def alpha(self, source: str = "draft") -> float:
         """Current acceptance estimate of ``source``, in [0, 1]."""
@@ -83,11 +89,25 @@ class AdaptiveK:
                 best = (k, rate)
         return best
 
+    def _best_tree(self) -> tuple[int, float]:
+        """(node budget, predicted tokens/ms): a tree costs t_v(N+1) plus one draft run per level."""
+        best = (0, -1.0)
+        for b in self.tree_budgets:
+            t = self.cost.t_verify(b + 1) + TreeShape.for_budget(b).depth * self.cost.draft_ms
+            if self.budget is not None and t > self.budget:
+                continue
+            rate = (self.tree_accepted[b] + 1) / t
+            if rate > best[1]:
+                best = (b, rate)
+        return best
+
     def choose(self, lookup: int = 0) -> tuple[str, int]:
         plain_rate = 1.0 / self.cost.t_verify(1)
         options = []
         if self.has_draft:
             options.append(("draft", *self._best("draft", self.k_max)))
+        if self.tree_budgets:
+            options.append(("tree", *self._best_tree()))
         if lookup:
             options.append(("lookup", *self._best("lookup", min(lookup, self.k_max))))
         source, k, rate = max(options, key=lambda o: o[2], default=("draft", 0, -1.0))
@@ -110,6 +130,10 @@ class AdaptiveK:
         """Update the source's alpha from the round's outcome and t_d, t_v(K+1) from its measured times (EWMA)."""
         self._ewma_verify(k + 1, verify_ms)
         if k == 0:
+            return
+        if source == "tree":
+            if k in self.tree_accepted:
+                self.tree_accepted[k] = 0.8 * self.tree_accepted[k] + 0.2 * accepted
             return
         c = self.counts[source]
         c[0] = self.decay * c[0] + accepted

@@ -26,13 +26,15 @@ from .stats import GenerationStats
 @dataclass(frozen=True)
 class Mode:
     """A benchmark mode: ``plain``; ``k<K>`` (fixed K); ``adaptive`` or ``adaptive@<ms>`` (latency budget);
-    ``lookup`` (prompt lookup only, adaptive K); a ``+lookup`` suffix puts prompt lookup before the draft."""
+    ``lookup`` (prompt lookup only, adaptive K); ``tree<N>`` (token trees of N nodes); a ``+tree`` suffix lets
+    the adaptive controller use trees, a ``+lookup`` suffix puts prompt lookup before the draft."""
 
     name: str
     k: int | None = None
     budget_ms: float | None = None
     lookup: bool = False
     draft: bool = True
+    tree: bool = False
 
     @staticmethod
     def parse(name: str) -> "Mode":
@@ -42,16 +44,20 @@ class Mode:
         if name == "lookup":
             return Mode(name, lookup=True, draft=False)
         base, lookup = (name[:-7], True) if name.endswith("+lookup") else (name, False)
-        if base.startswith("k") and base[1:].isdigit():
+        base, tree = (base[:-5], True) if base.endswith("+tree") else (base, False)
+        if base.startswith("tree") and base[4:].isdigit():
+            return Mode(name, k=int(base[4:]), lookup=lookup, tree=True)
+        if base.startswith("k") and base[1:].isdigit() and not tree:
             return Mode(name, k=int(base[1:]), lookup=lookup)
         if base == "adaptive":
-            return Mode(name, lookup=lookup)
+            return Mode(name, lookup=lookup, tree=tree)
         if base.startswith("adaptive@"):
             try:
-                return Mode(name, budget_ms=float(base.split("@", 1)[1]), lookup=lookup)
+                return Mode(name, budget_ms=float(base.split("@", 1)[1]), lookup=lookup, tree=tree)
             except ValueError:
                 pass
-        raise ValueError(f"unknown mode {name!r} (plain, k<K>, adaptive, adaptive@<ms>, lookup, …+lookup)")
+        raise ValueError(f"unknown mode {name!r} (plain, k<K>, tree<N>, adaptive, adaptive@<ms>, lookup, "
+                         "adaptive+tree, …+lookup)")
 
     @property
     def decoder_mode(self) -> str:
@@ -69,12 +75,12 @@ def run_one(dec: SpecDecoder, mode: Mode, prompt: Prompt, max_new_tokens: int, s
     ids = dec.encode(messages=list(prompt.messages))
     m = mode.decoder_mode
     k = mode.k if mode.k is not None else AdaptiveK.for_decoder(dec, latency_budget_ms=mode.budget_ms,
-                                                                has_draft=mode.draft)
+                                                                has_draft=mode.draft, tree=mode.tree)
     stats = GenerationStats()
     t0 = time.perf_counter()
     last, gaps = t0, []
     first_ms = None
-    for toks, _ in dec.generate_ids(ids, max_new_tokens, sp, seed, k, m, mode.lookup, stats):
+    for toks, _ in dec.generate_ids(ids, max_new_tokens, sp, seed, k, m, mode.lookup, stats, mode.tree):
         now = time.perf_counter()
         if first_ms is None:
             first_ms = (now - t0) * 1e3
@@ -86,7 +92,9 @@ def run_one(dec: SpecDecoder, mode: Mode, prompt: Prompt, max_new_tokens: int, s
         "class": prompt.cls, "mode": mode.name, "prompt_tokens": len(ids), "new_tokens": s.new_tokens,
         "ttft_ms": first_ms, "wall_ms": s.wall_ms, "e2e_tok_s": s.tokens_per_s, "decode_tok_s": s.decode_tokens_per_s,
         "itl_p50_ms": _pct(gaps, 50), "itl_p95_ms": _pct(gaps, 95), "rounds": s.rounds,
-        "alpha": s.alpha if m != "plain" else None, "lookup_rounds": s.lookup_rounds, "accepted": s.accepted, "evaluated": s.evaluated,
+        "alpha": s.alpha if m != "plain" else None, "lookup_rounds": s.lookup_rounds,
+        "tree_rounds": s.tree_rounds, "accepted_per_target_run": s.accepted / s.rounds if s.rounds else 0.0,
+        "accepted": s.accepted, "evaluated": s.evaluated,
         "proposed": s.proposed, "mean_accepted_length": s.mean_accepted_length,
         "accepted_per_position": s.accepted_per_position, "proposed_per_position": s.proposed_per_position,
         "mean_k": float(np.mean(s.k_per_round)) if s.k_per_round else 0.0,
@@ -129,6 +137,7 @@ def summarize(runs: list[dict], modes: list[str]) -> dict:
                 "speedup_e2e_median": float(np.median(sp_e2e)) if sp_e2e else None,
                 "alpha": acc / ev if ev else None,
                 "mean_accepted_length": float(np.mean([r["mean_accepted_length"] for r in sel])),
+                "accepted_per_target_run": float(np.mean([r["accepted_per_target_run"] for r in sel])),
                 "mean_k": float(np.mean([r["mean_k"] for r in sel])),
                 "itl_p50_ms": float(np.median([r["itl_p50_ms"] for r in sel if r["itl_p50_ms"] is not None] or [0])),
                 "itl_p95_ms": float(np.median([r["itl_p95_ms"] for r in sel if r["itl_p95_ms"] is not None] or [0])),

@@ -58,7 +58,12 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=_nonneg_int, default=None, help="fixed draft length K (default: adaptive)")
     p.add_argument("--latency-budget-ms", type=float, default=None,
                    help="keep each round's predicted time under this many ms (adaptive K)")
-    p.add_argument("--mode", choices=("spec", "plain"), default="spec")
+    p.add_argument("--mode", choices=("spec", "lookup", "plain"), default="spec",
+                   help="spec: draft model; lookup: prompt lookup only; plain: target only")
+    p.add_argument("--tree", action="store_true", help="token trees (with --k: the node budget)")
+    p.add_argument("--lookup", action="store_true", help="prompt lookup first, the draft model when it has no match")
+    p.add_argument("--draft-p-min", type=float, default=None,
+                   help="stop drafting when the draft's top probability falls below this")
     p.add_argument("--provider", default="cpu", help="execution provider: cpu, xnnpack, qnn, nnapi, … (default cpu)")
     p.add_argument("--threads", type=_pos_int, default=None, help="onnxruntime intra-op threads")
 
@@ -209,12 +214,15 @@ def _k_policy(a, decoder):
         return a.k
     from .adaptive import AdaptiveK
 
-    return AdaptiveK.for_decoder(decoder, latency_budget_ms=a.latency_budget_ms)
+    return AdaptiveK.for_decoder(decoder, latency_budget_ms=a.latency_budget_ms, tree=a.tree)
 
 
 def _gen_kwargs(a, decoder) -> dict:
+    if a.draft_p_min is not None and not 0 <= a.draft_p_min <= 1:
+        raise EdgespecError(f"--draft-p-min must be in [0, 1], got {a.draft_p_min}")
     return dict(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
-                seed=a.seed, k=_k_policy(a, decoder) if a.mode == "spec" else 0, mode=a.mode)
+                seed=a.seed, k=_k_policy(a, decoder) if a.mode != "plain" else 0, mode=a.mode,
+                lookup=a.lookup, tree=a.tree, draft_p_min=a.draft_p_min)
 
 
 def _cmd_generate(a) -> int:

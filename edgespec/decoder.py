@@ -137,11 +137,19 @@ class SpecDecoder:
         q[self.kept_ids] = probs(logits, sp)
         return q
 
-    def _propose_draft(self, k: int, sp: SamplingParams, rng: np.random.Generator) -> tuple[list[int], np.ndarray]:
-        """K tokens sampled autoregressively from the draft's q; feeds first what the draft has not seen."""
+    def _propose_draft(self, k: int, sp: SamplingParams, rng: np.random.Generator,
+                       p_min: float | None = None) -> tuple[list[int], np.ndarray]:
+        """Up to K tokens sampled autoregressively from the draft's q; feeds first what the draft has not seen.
+
+        With ``p_min``, drafting stops early (after at least one token) once the draft's top probability
+        (temperature 1) falls below it, like llama.cpp's ``--draft-p-min``; lossless, as K is then chosen from
+        the draft's own outputs only.
+        """
         feed, drafted, q = self.tokens[self.dcache.length:], [], []
-        for _ in range(k):
+        for i in range(k):
             logits = self.draft.forward(feed, self.dcache)[-1]
+            if p_min is not None and i > 0 and self._tree_q(logits, SamplingParams(0)).max() < p_min:
+                break
             q.append(self._draft_probs(logits, sp))
             drafted.append(sample(q[-1], rng))
             feed = drafted[-1:]
@@ -248,7 +256,8 @@ class SpecDecoder:
 
     def generate_ids(self, input_ids: list[int], max_new_tokens: int = 256, sampling: SamplingParams = SamplingParams(),
                      seed: int | None = None, k: int | KPolicy = 4, mode: str = "spec", lookup: bool = False,
-                     stats: GenerationStats | None = None, tree: bool = False) -> Iterator[tuple[list[int], int]]:
+                     stats: GenerationStats | None = None, tree: bool = False,
+                     draft_p_min: float | None = None) -> Iterator[tuple[list[int], int]]:
         """Yield ``(new token ids, how many of them are accepted proposal tokens)`` per target run.
 
         ``mode``: ``spec`` (draft model; with ``lookup=True`` prompt lookup first, the draft model when
@@ -277,9 +286,12 @@ class SpecDecoder:
             raise ValueError(f"the prompt is {len(input_ids)} tokens; the context holds {self.context_length}")
         stats = stats if stats is not None else GenerationStats()
         use_lookup = mode == "lookup" or lookup
-        return self._generate(list(input_ids), max_new_tokens, sampling, seed, policy, mode, use_lookup, stats)
+        if draft_p_min is not None and not 0 <= draft_p_min <= 1:
+            raise ValueError(f"draft_p_min must be in [0, 1], got {draft_p_min}")
+        return self._generate(list(input_ids), max_new_tokens, sampling, seed, policy, mode, use_lookup, stats,
+                              draft_p_min)
 
-    def _generate(self, input_ids, max_new_tokens, sampling, seed, policy, mode, use_lookup, stats):
+    def _generate(self, input_ids, max_new_tokens, sampling, seed, policy, mode, use_lookup, stats, p_min):
         stats.mode, stats.prompt_tokens = mode, len(input_ids)
         rng = np.random.default_rng(seed)
         t_start = time.perf_counter()
@@ -326,7 +338,7 @@ class SpecDecoder:
                     q[np.arange(len(drafted)), drafted] = 1.0  # one-hot q: accepted with probability p(x)
                     stats.lookup_rounds += 1
                 else:
-                    drafted, q = self._propose_draft(kk, sampling, rng)
+                    drafted, q = self._propose_draft(kk, sampling, rng, p_min)
                 t1 = time.perf_counter()
                 draft_ms = (t1 - t0) * 1e3
                 stats.draft_ms += draft_ms
@@ -345,7 +357,8 @@ class SpecDecoder:
     def generate(self, prompt: str | None = None, *, messages: list[dict] | None = None,
                  input_ids: list[int] | None = None, max_new_tokens: int = 256, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None, k: int | KPolicy = 4,
-                 mode: str = "spec", lookup: bool = False, tree: bool = False) -> "Generation":
+                 mode: str = "spec", lookup: bool = False, tree: bool = False,
+                 draft_p_min: float | None = None) -> "Generation":
         """Generate from a raw prompt, chat messages, or token ids; iterate the result for text pieces.
 
         Returns a :class:`Generation`: iterating it streams text (str), then ``.stats``, ``.text`` and
@@ -357,7 +370,7 @@ class SpecDecoder:
         if isinstance(k, int) and k < 0:
             raise ValueError(f"k must be ≥ 0, got {k}")
         stats = GenerationStats()
-        it = self.generate_ids(list(input_ids), max_new_tokens, sp, seed, k, mode, lookup, stats, tree)
+        it = self.generate_ids(list(input_ids), max_new_tokens, sp, seed, k, mode, lookup, stats, tree, draft_p_min)
         return Generation(it, self.tokenizer, stats)
 
 

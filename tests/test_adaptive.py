@@ -114,3 +114,24 @@ def test_adaptive_policy_in_generation_keeps_greedy_and_reports_k(dec):
     g = dec.generate(input_ids=ids, max_new_tokens=60, k=pol, lookup=True).run()
     assert g.token_ids == plain.token_ids
     assert len(g.stats.k_per_round) == g.stats.rounds and max(g.stats.k_per_round) > 0
+
+
+def test_adaptive_tree_policy_picks_a_budget_and_learns():
+    pol = AdaptiveK(CostModel(list(LINEAR) + [180.0, 190.0, 200.0, 210.0, 220.0], draft_ms=5.0), alpha0=0.8, tree=True)
+    src, n = pol.choose()
+    assert src in ("tree", "draft") and n > 0
+    for _ in range(30):
+        pol.observe("tree", 8, 5, 20.0, 170.0)  # budget 8 accepts 5 tokens per round: best
+        for b in (4, 6, 12):
+            pol.observe("tree", b, 0, 20.0, 150.0)
+    assert pol.choose() == ("tree", 8)
+
+
+def test_draft_p_min_stops_drafting_early_and_stays_lossless(dec):
+    ids = dec.encode("The quick brown")
+    dec.reset()
+    plain = dec.generate(input_ids=ids, max_new_tokens=40, mode="plain").run()
+    dec.reset()
+    g = dec.generate(input_ids=ids, max_new_tokens=40, k=6, draft_p_min=0.99).run()
+    assert g.token_ids == plain.token_ids
+    assert g.stats.proposed < 6 * g.stats.rounds  # some rounds stopped before K

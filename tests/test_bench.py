@@ -59,7 +59,7 @@ def test_speedups_are_paired_ratios():
             runs.append({"prompt": prompt, "class": "code", "mode": mode, "decode_tok_s": tps, "e2e_tok_s": tps,
                          "ttft_ms": 1.0, "accepted": 1, "evaluated": 2, "accepted_per_position": [1],
                          "proposed_per_position": [2], "mean_accepted_length": 1.5, "mean_k": 2.0,
-                         "itl_p50_ms": 1.0, "itl_p95_ms": 2.0, "rounds": 1})
+                         "itl_p50_ms": 1.0, "itl_p95_ms": 2.0, "rounds": 1, "accepted_per_target_run": 1.0})
     s = summarize(runs, ["plain", "k2"])["k2"]["all"]
     # paired ratios 2.0, 0.5, 3.0 → median 2.0 (a ratio of medians would say 5/10 = 0.5)
     assert s["speedup_decode_median"] == 2.0 and s["speedup_decode_min"] == 0.5
