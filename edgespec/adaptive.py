@@ -57,12 +57,12 @@ class AdaptiveK:
     """
 
     def __init__(self, cost: CostModel, k_max: int = 6, latency_budget_ms: float | None = None,
-                 alpha0: float = 0.6, decay: float = 0.9, hysteresis: float = 0.05, probe_every: int = 16,
+                 alpha0: float = 0.8, decay: float = 0.8, hysteresis: float = 0.03, probe_every: int = 8,
                  probe_k: int = 2, has_draft: bool = True, lookup_alpha0: float = 0.5, tree: bool = False,
                  tree_budgets: tuple[int, ...] = (4, 6, 8, 12)):
         self.cost, self.k_max, self.budget = cost, k_max, latency_budget_ms
         # pseudo-counts of accepted / rejected proposal tokens, per source
-        self.counts = {"draft": [alpha0 * 4, (1 - alpha0) * 4], "lookup": [lookup_alpha0 * 4, (1 - lookup_alpha0) * 4]}
+        self.counts = {"draft": [alpha0 * 2, (1 - alpha0) * 2], "lookup": [lookup_alpha0 * 2, (1 - lookup_alpha0) * 2]}
         self.decay, self.hysteresis = decay, hysteresis
         self.probe_every, self.probe_k = probe_every, probe_k
         self.has_draft = has_draft
@@ -156,20 +156,23 @@ class AdaptiveK:
 
 
 def _calibration_path(decoder, k_max: int):
+    from . import onnx_model
+
     m = decoder.manifest
     key = "-".join([
         m.name if m else "export", (m.target.source_sha256[:12] + m.draft.source_sha256[:12]) if m else "",
-        m.target.quantization.precision if m else "", platform.node(), platform.machine(),
-        decoder.target.session.get_providers()[0], str(decoder.target.session.get_session_options().intra_op_num_threads),
-        f"k{k_max}",
+        m.target.quantization.precision if m else "", str(m.draft.vocab_size) if m else "",
+        platform.node(), platform.machine(), decoder.target.session.get_providers()[0],
+        str(onnx_model._POOL_THREADS or os.cpu_count()), f"k{k_max}",
     ])
     return paths.home() / "calibration" / (key.replace("/", "_") + ".json")
 
 
-def calibrate(decoder, k_max: int = 6, context: int = 128, reps: int = 3, use_cache: bool = True) -> CostModel:
-    """Measure t_v(N) for N = 1..k_max+1 and the draft step time at a ``context``-token past (median ms).
+def calibrate(decoder, k_max: int = 6, context: int = 128, reps: int = 5, use_cache: bool = True) -> CostModel:
+    """Measure t_v(N) for N = 1..k_max+1 and the draft step time after a ``context``-token past (median ms).
 
-    The result is cached per device, export and execution provider under the user cache.
+    One prefill per model, then each timed run is rolled back with ``crop``; a second or two on the real
+    pair. The result is cached per device, export and execution provider under the user cache.
     """
     path = _calibration_path(decoder, k_max)
     if use_cache and path.is_file():
@@ -180,18 +183,24 @@ def calibrate(decoder, k_max: int = 6, context: int = 128, reps: int = 3, use_ca
     rng = np.random.default_rng(0)
     ids = rng.integers(0, min(decoder.width, 1000), size=context + k_max + 1).tolist()
 
-    def timed(model, n):
-        out = []
-        for _ in range(reps):
-            cache = model.new_cache()
-            model.forward(ids[:context], cache)
-            t0 = time.perf_counter()
-            model.forward(ids[context:context + n], cache)
-            out.append((time.perf_counter() - t0) * 1e3)
-        return float(np.median(out))
+    def timed(model, ns):
+        cache = model.new_cache()
+        model.forward(ids[:context], cache)
+        model.forward(ids[context:context + 1], cache)  # warm-up
+        out = {}
+        for n in ns:
+            ts = []
+            for _ in range(reps):
+                cache.crop(context)
+                t0 = time.perf_counter()
+                model.forward(ids[context:context + n], cache)
+                ts.append((time.perf_counter() - t0) * 1e3)
+            out[n] = float(np.median(ts))
+        return out
 
-    verify = [timed(decoder.target, n) for n in range(1, k_max + 2)]
-    draft = timed(decoder.draft, 1) if decoder.draft is not None else verify[0]
+    tv = timed(decoder.target, range(1, k_max + 2))
+    verify = [tv[n] for n in range(1, k_max + 2)]
+    draft = timed(decoder.draft, [1])[1] if decoder.draft is not None else verify[0]
     cost = CostModel(verify_ms=verify, draft_ms=draft)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")

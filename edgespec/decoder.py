@@ -56,7 +56,7 @@ class SpecDecoder:
              context_length: int | None = None, load_draft: bool = True) -> "SpecDecoder":
         """Open an export directory written by ``edgespec export``.
 
-        ``load_draft=False`` gives a target-only decoder (``mode="plain"``), tuned for running alone.
+        ``load_draft=False`` gives a target-only decoder (``mode="plain"`` or ``"lookup"``).
 
         Raises:
             EdgespecError: not a complete export, or the execution provider is unavailable.
@@ -69,8 +69,8 @@ class SpecDecoder:
             bos = tok.id_to_token(m.special_tokens.bos) if m.special_tokens.bos is not None else ""
             template = ChatTemplate((export_dir / m.chat_template).read_text(), bos or "",
                                     tok.id_to_token(m.special_tokens.eos) or "")
-        target = OnnxLM(m.target, export_dir, provider, threads, spin=not load_draft)
-        draft = OnnxLM(m.draft, export_dir, provider, threads, spin=False) if load_draft else None
+        target = OnnxLM(m.target, export_dir, provider, threads)
+        draft = OnnxLM(m.draft, export_dir, provider, threads) if load_draft else None
         ctx = min(m.target.context_length, m.draft.context_length)
         if context_length is not None:
             ctx = min(ctx, context_length)

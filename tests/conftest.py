@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -20,6 +21,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "real" in item.keywords:
             item.add_marker(skip)
+
+
+USER_HOME = os.environ.get("EDGESPEC_HOME")  # as the user set it, before the tiny tiers isolate it
+
+
+@contextlib.contextmanager
+def user_home():
+    """The user's own EDGESPEC_HOME (the real cache) for the duration of a block."""
+    saved = os.environ.get("EDGESPEC_HOME")
+    if USER_HOME is None:
+        os.environ.pop("EDGESPEC_HOME", None)
+    else:
+        os.environ["EDGESPEC_HOME"] = USER_HOME
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("EDGESPEC_HOME", None)
+        else:
+            os.environ["EDGESPEC_HOME"] = saved
 
 
 @pytest.fixture(scope="session")

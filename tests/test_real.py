@@ -27,11 +27,14 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def real_export():
+    """The default pair in the user's cache (exported there once, then reused by every later run)."""
+    from conftest import user_home
     from edgespec_export import export_pair
 
-    d = paths.default_export_dir()
-    if not (d / "edgespec.json").is_file():
-        export_pair(None, None)
+    with user_home():
+        d = paths.default_export_dir()
+        if not (d / "edgespec.json").is_file():
+            export_pair(None, None)
     return d
 
 
@@ -77,9 +80,13 @@ def test_speculative_greedy_matches_plain_greedy(real, prompt):
 
 
 def test_cli_generate_json_on_the_real_pair(real_export):
+    from conftest import user_home
+
+    with user_home():
+        env = dict(os.environ)
     r = subprocess.run([sys.executable, "-m", "edgespec.cli", "generate", str(real_export), "--json",
                         "--max-new-tokens", "24", "--k", "3", "--prompt", "Write hello world in C."],
-                       capture_output=True, text=True, env=dict(os.environ), timeout=600)
+                       capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert "printf" in out["text"] or "#include" in out["text"]
