@@ -187,7 +187,7 @@ def run_bench(export_dir: str | Path, modes: list[str], prompts: list[Prompt], m
 
     parsed = [Mode.parse(m) for m in modes]
     sp = SamplingParams(temperature)
-    spec = SpecDecoder.load(export_dir, provider=provider, threads=threads)
+    spec = SpecDecoder.load(export_dir, provider=provider, threads=threads, shared_thread_pool=True)
     plain = SpecDecoder.load(export_dir, provider=provider, threads=threads, load_draft=False)
     rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     for d, m in ((plain, "plain"), (spec, "spec")):  # warm-up: first runs allocate

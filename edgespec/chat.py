@@ -24,6 +24,7 @@ def run_chat(args, decoder, gen_kwargs) -> int:
         print(f"edgespec chat — {decoder.manifest.name if decoder.manifest else ''} ({args.mode}). {HELP}",
               file=sys.stderr)
     kwargs = gen_kwargs(args, decoder)
+    underline = args.show_accept and sys.stdout.isatty()  # no escape codes into files and pipes
     while True:
         try:
             if interactive:
@@ -55,7 +56,7 @@ def run_chat(args, decoder, gen_kwargs) -> int:
         g = decoder.generate(messages=messages, **kwargs)
         try:
             for piece, from_draft in g.chunks():
-                sys.stdout.write(f"{UNDERLINE}{piece}{RESET}" if args.show_accept and from_draft else piece)
+                sys.stdout.write(f"{UNDERLINE}{piece}{RESET}" if underline and from_draft else piece)
                 sys.stdout.flush()
         except KeyboardInterrupt:
             sys.stdout.write(" [stopped]")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from pathlib import Path
 
@@ -20,32 +22,52 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _nonneg_int(s: str) -> int:
-    v = int(s)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be ≥ 0, got {v}")
+def _checked_int(s: str, what: str, ok) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        v = None
+    if v is None or not ok(v):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
     return v
+
+
+def _checked_float(s: str, what: str, ok) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        v = None
+    if v is None or not math.isfinite(v) or not ok(v):  # nan and ±inf are never accepted
+        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
+    return v
+
+
+def _int(s: str) -> int:
+    return _checked_int(s, "an integer", lambda v: True)
+
+
+def _nonneg_int(s: str) -> int:
+    return _checked_int(s, "an integer ≥ 0", lambda v: v >= 0)
 
 
 def _pos_int(s: str) -> int:
-    v = int(s)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be ≥ 1, got {v}")
-    return v
+    return _checked_int(s, "an integer ≥ 1", lambda v: v >= 1)
 
 
 def _temperature(s: str) -> float:
-    v = float(s)
-    if not v >= 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number ≥ 0, got {s}")
-    return v
+    return _checked_float(s, "a finite number ≥ 0", lambda v: v >= 0)
 
 
 def _top_p(s: str) -> float:
-    v = float(s)
-    if not 0 < v <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {s}")
-    return v
+    return _checked_float(s, "a number in (0, 1]", lambda v: 0 < v <= 1)
+
+
+def _probability(s: str) -> float:
+    return _checked_float(s, "a number in [0, 1]", lambda v: 0 <= v <= 1)
+
+
+def _latency_ms(s: str) -> float:
+    return _checked_float(s, "a finite number of milliseconds > 0", lambda v: v > 0)
 
 
 def _add_generation_options(p: argparse.ArgumentParser) -> None:
@@ -53,24 +75,27 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=_temperature, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=_nonneg_int, default=0, help="0 = off")
     p.add_argument("--top-p", type=_top_p, default=1.0, help="1 = off")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=_int, default=None)
     p.add_argument("--max-new-tokens", type=_pos_int, default=512)
     p.add_argument("--k", type=_nonneg_int, default=None, help="fixed draft length K (default: adaptive)")
-    p.add_argument("--latency-budget-ms", type=float, default=None,
+    p.add_argument("--latency-budget-ms", type=_latency_ms, default=None,
                    help="keep each round's predicted time under this many ms (adaptive K)")
     p.add_argument("--mode", choices=("spec", "lookup", "plain"), default="spec",
                    help="spec: draft model; lookup: prompt lookup only; plain: target only")
     p.add_argument("--tree", action="store_true", help="token trees (with --k: the node budget)")
     p.add_argument("--lookup", action="store_true", help="prompt lookup first, the draft model when it has no match")
-    p.add_argument("--draft-p-min", type=float, default=None,
+    p.add_argument("--draft-p-min", type=_probability, default=None,
                    help="stop drafting when the draft's top probability falls below this")
     p.add_argument("--provider", default="cpu", help="execution provider: cpu, xnnpack, qnn, nnapi, … (default cpu)")
     p.add_argument("--threads", type=_pos_int, default=None, help="onnxruntime intra-op threads")
 
 
+_COMMANDS = ("export", "chat", "generate", "bench", "eval", "info")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="edgespec", description="Lossless speculative sampling on onnxruntime.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)  # no command: see main()
 
     p = sub.add_parser("export", help="export a draft/target pair to quantized ONNX graphs")
     p.add_argument("pair", nargs="?", help="pair recipe name (default: %s)" % paths.DEFAULT_PAIR)
@@ -80,8 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=("int4", "int8", "fp32"), default="int4")
     p.add_argument("--draft-precision", choices=("int4", "int8", "fp32"), default=None,
                    help="precision of the draft (default: same as --precision)")
-    p.add_argument("--block-size", type=int, default=32, help="int4 block size (default 32)")
-    p.add_argument("--accuracy-level", type=int, default=4, help="int4 MatMulNBits accuracy level (default 4)")
+    p.add_argument("--block-size", type=_pos_int, default=32, help="int4 block size (default 32)")
+    p.add_argument("--accuracy-level", type=_nonneg_int, default=4, help="int4 MatMulNBits accuracy level (default 4)")
     p.add_argument("--lm-head-bits", type=int, choices=(4, 8, 32), default=None,
                    help="keep the output head at this many bits")
     p.add_argument("--draft-vocab", type=_pos_int, default=None,
@@ -89,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("chat", help="interactive chat (streams; /reset /stats /exit)")
     _add_generation_options(p)
-    p.add_argument("--show-accept", action="store_true", help="underline text that came from accepted draft tokens")
+    p.add_argument("--show-accept", action="store_true",
+                   help="underline (on a terminal) text that came from accepted draft tokens")
     p.add_argument("--system", default=None, help="system prompt")
 
     p = sub.add_parser("generate", help="one completion for scripts (prompt from --prompt or stdin)")
@@ -102,12 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", nargs="?", help="export directory (default: the default pair)")
     p.add_argument("--modes", default="plain,k1,k2,k4,k6,adaptive",
                    help="comma-separated: plain, k<K>, adaptive, adaptive@<ms> (default %(default)s)")
-    p.add_argument("--latency-budget-ms", type=float, default=None, help="also run adaptive@<this budget>")
+    p.add_argument("--latency-budget-ms", type=_latency_ms, default=None, help="also run adaptive@<this budget>")
     p.add_argument("--prompts", help="prompt file (JSON lines {class, prompt} or one prompt per line)")
     p.add_argument("--per-class", type=_pos_int, default=None, help="built-in prompts per class (default all)")
     p.add_argument("--max-new-tokens", type=_pos_int, default=128)
     p.add_argument("--temperature", type=_temperature, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_int, default=0)
     p.add_argument("--provider", default="cpu")
     p.add_argument("--threads", type=_pos_int, default=None)
     p.add_argument("--cost-curve", action="store_true",
@@ -133,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_NO_EXPORTER = ("the exporter is not installed: pip install -e '.[export]' in the edgespec checkout "
+                "(or pip install 'edgespec[export]')")
+
+
 def _export_dir(arg: str | None, auto_export: bool) -> Path:
     if arg is not None:
         return Path(arg)
@@ -143,7 +173,7 @@ def _export_dir(arg: str | None, auto_export: bool) -> Path:
         try:
             from edgespec_export import export_pair
         except ImportError:
-            raise EdgespecError("the exporter is not installed: pip install 'edgespec[export]'") from None
+            raise EdgespecError(_NO_EXPORTER) from None
         export_pair(None, None)
     return d
 
@@ -152,7 +182,7 @@ def _cmd_export(a) -> int:
     try:
         from edgespec_export import ExportOptions, export_pair
     except ImportError:
-        raise EdgespecError("the exporter is not installed: pip install 'edgespec[export]'") from None
+        raise EdgespecError(_NO_EXPORTER) from None
     t = ExportOptions(a.precision, a.block_size, a.accuracy_level, a.lm_head_bits)
     d = ExportOptions(a.draft_precision or a.precision, a.block_size, a.accuracy_level, a.lm_head_bits,
                       a.draft_vocab)
@@ -204,7 +234,8 @@ def _load(a):
     from .decoder import SpecDecoder
 
     d = _export_dir(a.dir, auto_export=True)
-    return SpecDecoder.load(d, provider=a.provider, threads=a.threads, load_draft=a.mode == "spec")
+    return SpecDecoder.load(d, provider=a.provider, threads=a.threads, load_draft=a.mode == "spec",
+                            shared_thread_pool=True)
 
 
 def _k_policy(a, decoder):
@@ -218,8 +249,6 @@ def _k_policy(a, decoder):
 
 
 def _gen_kwargs(a, decoder) -> dict:
-    if a.draft_p_min is not None and not 0 <= a.draft_p_min <= 1:
-        raise EdgespecError(f"--draft-p-min must be in [0, 1], got {a.draft_p_min}")
     return dict(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
                 seed=a.seed, k=_k_policy(a, decoder) if a.mode != "plain" else 0, mode=a.mode,
                 lookup=a.lookup, tree=a.tree, draft_p_min=a.draft_p_min)
@@ -322,7 +351,7 @@ def _cmd_eval(a) -> int:
 
     prompts = _prompt_set(a)
     d = _export_dir(a.dir, auto_export=False)
-    dec = SpecDecoder.load(d, provider=a.provider)
+    dec = SpecDecoder.load(d, provider=a.provider, shared_thread_pool=True)
     r = run_eval(dec, prompts, a.max_new_tokens, a.k, a.draws, a.ll_samples, progress=not a.json)
     r["command"] = "edgespec " + " ".join(sys.argv[1:])
     if a.out:
@@ -357,24 +386,40 @@ def format_stats(s) -> str:
     return line + "]"
 
 
+def _run(a) -> int:
+    if a.command == "export":
+        return _cmd_export(a)
+    if a.command == "info":
+        return _cmd_info(a)
+    if a.command == "bench":
+        return _cmd_bench(a)
+    if a.command == "eval":
+        return _cmd_eval(a)
+    if a.command == "generate":
+        return _cmd_generate(a)
+    if a.command == "chat":
+        from .chat import run_chat
+
+        return run_chat(a, _load(a), _gen_kwargs)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
+    if a.command is None:
+        print(f"edgespec: error: choose a command: {', '.join(_COMMANDS)} (edgespec --help)", file=sys.stderr)
+        return 2
     try:
-        if a.command == "export":
-            return _cmd_export(a)
-        if a.command == "info":
-            return _cmd_info(a)
-        if a.command == "bench":
-            return _cmd_bench(a)
-        if a.command == "eval":
-            return _cmd_eval(a)
-        if a.command == "generate":
-            return _cmd_generate(a)
-        if a.command == "chat":
-            from .chat import run_chat
-
-            return run_chat(a, _load(a), _gen_kwargs)
+        code = _run(a)
+        sys.stdout.flush()  # a closed pipe shows here, not as "Exception ignored" at interpreter exit
+        return code
+    except BrokenPipeError:  # e.g. `edgespec info | head -1`: the reader left; stop quietly like other tools
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):  # stdout has no file descriptor (embedded use)
+            pass
+        return 141  # 128 + SIGPIPE, as the shell reports for a tool killed by the closed pipe
     except (EdgespecError, ValueError) as e:
         print(f"edgespec: error: {e}", file=sys.stderr)
         return 2

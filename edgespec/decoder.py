@@ -16,7 +16,7 @@ from .errors import EdgespecError
 from .kpolicy import FixedK, KPolicy
 from .lookup import ngram_lookup
 from .manifest import Manifest, load_manifest
-from .onnx_model import KVCache, OnnxLM
+from .onnx_model import KVCache, OnnxLM, use_shared_thread_pool
 from .sampling import SamplingParams, accept_reject, probs, sample
 from .stats import GenerationStats
 from .text import ChatTemplate, IncrementalDetokenizer, load_tokenizer
@@ -53,16 +53,21 @@ class SpecDecoder:
 
     @classmethod
     def load(cls, export_dir: str | Path, provider: str = "cpu", threads: int | None = None,
-             context_length: int | None = None, load_draft: bool = True) -> "SpecDecoder":
+             context_length: int | None = None, load_draft: bool = True,
+             shared_thread_pool: bool = False) -> "SpecDecoder":
         """Open an export directory written by ``edgespec export``.
 
         ``load_draft=False`` gives a target-only decoder (``mode="plain"`` or ``"lookup"``).
+        ``shared_thread_pool=True`` calls :func:`~edgespec.onnx_model.use_shared_thread_pool` first (faster;
+        changes how every later onnxruntime session of the process must be created).
 
         Raises:
             EdgespecError: not a complete export, or the execution provider is unavailable.
         """
         export_dir = Path(export_dir)
         m = load_manifest(export_dir)
+        if shared_thread_pool:
+            use_shared_thread_pool(threads)
         tok = load_tokenizer(export_dir / m.tokenizer)
         template = None
         if m.chat_template:

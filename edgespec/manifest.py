@@ -97,21 +97,97 @@ class Manifest:
         return json.dumps(asdict(self), indent=2, sort_keys=False)
 
 
-def _graph(d: dict) -> GraphSpec:
-    d = dict(d)
-    d["quantization"] = Quantization(**d["quantization"])
+class _Invalid(Exception):
+    """A manifest field is missing or of the wrong type; ``str`` is the plain-words reason."""
+
+
+def _show(v: Any) -> str:
+    text = json.dumps(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# (test, description) per kind of field; None is allowed only where the kind says "or null"
+_KINDS = {
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "str?": (lambda v: v is None or isinstance(v, str), "a string or null"),
+    "pos": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "pos?": (lambda v: v is None or (_is_int(v) and v > 0), "a positive integer or null"),
+    "nonneg?": (lambda v: v is None or (_is_int(v) and v >= 0), "an integer ≥ 0 or null"),
+    "token": (lambda v: _is_int(v) and v >= 0, "a token id (an integer ≥ 0)"),
+    "token?": (lambda v: v is None or (_is_int(v) and v >= 0), "a token id (an integer ≥ 0) or null"),
+    "tokens": (lambda v: isinstance(v, list) and all(_is_int(t) and t >= 0 for t in v),
+               "a list of token ids (integers ≥ 0)"),
+    "names": (lambda v: isinstance(v, list) and all(isinstance(t, str) for t in v), "a list of strings"),
+    "object": (lambda v: isinstance(v, dict), "an object"),
+    "number?": (lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
+                "a number or null"),
+}
+
+
+def _fields(d: Any, where: str, spec: dict[str, tuple[str, bool]]) -> dict:
+    """Check ``d`` against ``{key: (kind, required)}``; returns the known keys (unknown keys are ignored)."""
+    if not isinstance(d, dict):
+        raise _Invalid(f"{where} must be an object, got {_show(d)}")
+    out = {}
+    for key, (kind, required) in spec.items():
+        if key not in d:
+            if required:
+                raise _Invalid(f'the "{key}" field is missing' + (f" in {where}" if where else ""))
+            continue
+        test, what = _KINDS[kind]
+        if not test(d[key]):
+            raise _Invalid(f"{where + '.' if where else ''}{key} must be {what}, got {_show(d[key])}")
+        out[key] = d[key]
+    return out
+
+
+_QUANTIZATION = {"precision": ("str", True), "block_size": ("pos?", False), "accuracy_level": ("nonneg?", False),
+                 "lm_head_bits": ("pos", False)}
+_GRAPH = {"path": ("str", True), "architecture": ("str", True), "num_layers": ("pos", True),
+          "num_kv_heads": ("pos", True), "head_dim": ("pos", True), "vocab_size": ("pos", True),
+          "context_length": ("pos", True), "quantization": ("object", True), "source": ("str", True),
+          "source_sha256": ("str", True), "input_names": ("names", True), "output_names": ("names", True),
+          "validation": ("object", False), "kept_token_ids": ("str?", False)}
+_SPECIAL = {"bos": ("token?", True), "eos": ("token", True), "pad": ("token?", True), "stop": ("tokens", True)}
+_MANIFEST = {"name": ("str", True), "target": ("object", True), "draft": ("object", True), "tokenizer": ("str", True),
+             "chat_template": ("str?", True), "special_tokens": ("object", True), "tokenizer_sha256": ("str", True),
+             "edgespec_version": ("str", True), "format": ("pos", True), "export_seconds": ("number?", False)}
+
+
+def _graph(d: Any, role: str) -> GraphSpec:
+    d = _fields(d, role, _GRAPH)
+    if not d["path"] or Path(d["path"]).is_absolute() or ".." in Path(d["path"]).parts:
+        raise _Invalid(f"{role}.path must be a path inside the export directory, got {_show(d['path'])}")
+    d["quantization"] = Quantization(**_fields(d["quantization"], f"{role}.quantization", _QUANTIZATION))
     d["input_names"] = tuple(d["input_names"])
     d["output_names"] = tuple(d["output_names"])
     return GraphSpec(**d)
 
 
+def _manifest(raw: Any) -> Manifest:
+    raw = _fields(raw, "", _MANIFEST)
+    raw["target"] = _graph(raw["target"], "target")
+    raw["draft"] = _graph(raw["draft"], "draft")
+    st = _fields(raw["special_tokens"], "special_tokens", _SPECIAL)
+    st["stop"] = tuple(st["stop"])
+    raw["special_tokens"] = SpecialTokens(**st)
+    return Manifest(**raw)
+
+
 def load_manifest(export_dir: str | Path) -> Manifest:
-    """Read ``DIR/edgespec.json``.
+    """Read and type-check ``DIR/edgespec.json``.
 
     Raises:
-        EdgespecError: DIR is missing, is an unfinished export, or the manifest is unreadable or of another format.
+        EdgespecError: DIR is missing or not a directory, is an unfinished export, or the manifest is unreadable,
+            not an edgespec manifest, of another format, or has a missing or wrongly typed field.
     """
     export_dir = Path(export_dir)
+    if export_dir.exists() and not export_dir.is_dir():
+        raise EdgespecError(f"{export_dir}: not a directory (expected an edgespec export directory)")
     if not export_dir.is_dir():
         raise EdgespecError(f"{export_dir}: no such export directory (run `edgespec export` first)")
     path = export_dir / MANIFEST_NAME
@@ -120,20 +196,24 @@ def load_manifest(export_dir: str | Path) -> Manifest:
             f"{export_dir}: not a complete edgespec export (no {MANIFEST_NAME}; an interrupted export? run it again)"
         )
     try:
-        raw = json.loads(path.read_text())
-        if raw.get("format") != FORMAT_VERSION:
-            raise EdgespecError(f"{path}: manifest format {raw.get('format')!r}, this edgespec reads {FORMAT_VERSION}")
-        raw = dict(raw)
-        raw["target"] = _graph(raw["target"])
-        raw["draft"] = _graph(raw["draft"])
-        st = dict(raw["special_tokens"])
-        st["stop"] = tuple(st["stop"])
-        raw["special_tokens"] = SpecialTokens(**st)
-        manifest = Manifest(**raw)
-    except EdgespecError:
-        raise
-    except (ValueError, KeyError, TypeError) as e:
-        raise EdgespecError(f"{path}: unreadable manifest ({type(e).__name__}: {e})") from None
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise EdgespecError(f"{path}: unreadable manifest (not valid JSON: {e})") from None
+    except (OSError, ValueError) as e:  # ValueError: not UTF-8
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise EdgespecError(f"{path}: unreadable manifest ({reason})") from None
+    if not isinstance(raw, dict):
+        kind = {list: "a JSON list", str: "a JSON string", type(None): "JSON null", bool: "a JSON boolean"}.get(
+            type(raw), "a JSON number")
+        raise EdgespecError(f"{path}: not an edgespec manifest ({kind}, expected an object)")
+    if "format" not in raw:
+        raise EdgespecError(f"{path}: not an edgespec manifest (it has no \"format\" field)")
+    if raw["format"] != FORMAT_VERSION or isinstance(raw["format"], bool):
+        raise EdgespecError(f"{path}: manifest format {_show(raw['format'])}, this edgespec reads {FORMAT_VERSION}")
+    try:
+        manifest = _manifest(raw)
+    except _Invalid as e:
+        raise EdgespecError(f"{path}: invalid manifest: {e}") from None
     for g in (manifest.target, manifest.draft):
         if not (export_dir / g.path).is_file():
             raise EdgespecError(f"{export_dir}: graph {g.path} is missing (incomplete export)")

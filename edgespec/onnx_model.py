@@ -76,46 +76,56 @@ def causal_mask(past: int, new: int) -> np.ndarray:
     return m[None, None]
 
 
-_POOL_THREADS: int | None = None
+_POOL_THREADS = 0  # size of the process-wide intra-op pool once enabled
 
 
-def _shared_thread_pool(threads: int) -> bool:
-    """Size onnxruntime's process-wide intra-op thread pool once; False if this onnxruntime refuses."""
+def use_shared_thread_pool(threads: int | None = None) -> bool:
+    """Give every onnxruntime session of this process one shared intra-op thread pool (idempotent).
+
+    Call before the first session; afterwards every session must be made with :func:`session_options`
+    (onnxruntime refuses per-session pools once a global one exists). The CLI turns it on; an app that
+    embeds edgespec and creates other sessions itself decides for itself. Returns False if this
+    onnxruntime cannot.
+    """
     global _POOL_THREADS
-    if _POOL_THREADS is None:
+    if not _POOL_THREADS:
         try:
             from onnxruntime.capi import _pybind_state
 
-            _pybind_state.set_global_thread_pool_sizes(threads, 1)
-            _POOL_THREADS = threads
-        except Exception:  # an older build, or the environment already exists: per-session pools
-            _POOL_THREADS = 0
-    return _POOL_THREADS > 0
+            n = threads or os.cpu_count() or 1
+            _pybind_state.set_global_thread_pool_sizes(n, 1)
+            _POOL_THREADS = n
+        except Exception:
+            return False
+    return True
+
+
+def session_options(threads: int | None = None) -> ort.SessionOptions:
+    """SessionOptions for a graph: the shared pool when enabled, else a per-session pool without spinning."""
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if _POOL_THREADS:
+        so.use_per_session_threads = False
+    else:
+        so.intra_op_num_threads = threads or (os.cpu_count() or 1)
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return so
 
 
 class OnnxLM:
     """One graph of an export (target or draft) in an onnxruntime session.
 
-    All sessions of a process share one intra-op thread pool (sized by the first one loaded). With a pool
-    per session, the draft's and the target's threads spin-wait on the same few cores after each run and
-    steal them from each other; measured on the 2-core CI machine (Qwen2.5-Coder 1.5B/0.5B int4, K=4,
-    greedy), one shared pool ran speculative decoding at 39 tok/s against 35 with separate non-spinning
-    pools, and plain decoding at 31 against 28. Where a shared pool cannot be had, sessions get their own
-    pool with spinning off.
+    Thread pools: with a pool per session, the draft's and the target's threads spin-wait on the same few
+    cores after each run and steal them from each other, so per-session pools run without spinning. One
+    shared pool (:func:`use_shared_thread_pool`) is faster still: measured on the 2-core CI machine
+    (Qwen2.5-Coder 1.5B/0.5B int4, K=4, greedy), 39 tok/s against 35 speculative, 31 against 28 plain.
     """
 
     def __init__(self, spec: GraphSpec, export_dir: str | Path, provider: str = "cpu", threads: int | None = None):
         self.spec = spec
         self.export_dir = Path(export_dir)
-        threads = threads or (os.cpu_count() or 1)
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if _shared_thread_pool(threads):
-            so.use_per_session_threads = False
-        else:
-            so.intra_op_num_threads = threads
-            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so = session_options(threads)
         path = self.export_dir / spec.path
         try:
             self.session = ort.InferenceSession(str(path), so, providers=[provider_name(provider)])

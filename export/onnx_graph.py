@@ -8,6 +8,7 @@ tensors, and traced with the TorchScript exporter. See :class:`edgespec.manifest
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import onnx
@@ -102,7 +103,10 @@ def export_onnx(model, out_path: Path) -> tuple[list[str], list[str]]:
     raw_dir = out_path.parent / "_trace"
     raw_dir.mkdir(parents=True, exist_ok=True)
     raw = raw_dir / "model.onnx"
-    with torch.no_grad():
+    # torch.onnx and transformers warn at length while tracing (TracerWarning on Python-value branches, deprecations):
+    # none of it is actionable for the user, and validation against PyTorch checks the traced graph anyway
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         torch.onnx.export(
             wrapper, args, str(raw), input_names=ins, output_names=outs, dynamic_axes=dyn,
             opset_version=17, do_constant_folding=True, dynamo=False,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -65,11 +66,15 @@ def _is_gguf(path: Path) -> bool:
         return f.read(4) == b"GGUF"
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*/[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")  # owner/name
+
+
 def resolve_model(src: str) -> Source:
     """Resolve one model source (not a recipe).
 
     Raises:
-        EdgespecError: a path that is neither a GGUF file nor a model directory, or a truncated GGUF.
+        EdgespecError: a path that is neither a GGUF file nor a model directory, or a truncated GGUF, or a
+            string that does not exist on disk and is not of the hub id form ``owner/name``.
     """
     p = Path(src).expanduser()
     if p.is_file():
@@ -80,9 +85,35 @@ def resolve_model(src: str) -> Source:
         if not (p / "config.json").is_file():
             raise EdgespecError(f"{src}: directory has no config.json (not a Hugging Face model directory)")
         return Source("hf", str(p), p.resolve(), _hf_dir_sha(p))
-    if os.sep in src or src.startswith(".") or src.count("/") != 1:
+    if not _HUB_ID.fullmatch(src) or ".." in src:
         raise EdgespecError(f"{src}: no such file or directory, and not a hub model id (owner/name)")
+    _offline_if_hub_unreachable()
     return Source("hub", src, None, "hub:" + src)
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face endpoint answers at all (any HTTP status counts; proxies are honoured)."""
+    import urllib.error
+    import urllib.request
+
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _offline_if_hub_unreachable() -> None:
+    """Without network, huggingface_hub retries each file for ~25 s before falling back to its cache: when the
+    hub does not answer, switch to offline mode (cache only) so a hub id either loads from the local cache or
+    fails at once. Only effective before transformers/huggingface_hub are imported (as in the CLI)."""
+    if any(os.environ.get(v) for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
+        return
+    if not _hub_reachable():
+        os.environ["HF_HUB_OFFLINE"] = "1"
 
 
 def _wheel_dir() -> Path:

@@ -31,9 +31,9 @@ def validation_ids(tokenizer, n: int, vocab_size: int) -> np.ndarray:
 
 
 def session(path: Path) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    from edgespec.onnx_model import session_options
+
+    return ort.InferenceSession(str(path), session_options(), providers=["CPUExecutionProvider"])
 
 
 def _mask(past: int, new: int) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -96,6 +97,88 @@ def test_bad_input_is_one_line_and_nonzero(tiny_export, home, tmp_path, args):
     assert "Traceback" not in r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("edgespec: error:"), r.stderr
+
+
+def _corrupted(tiny_export, tmp_path, name, edit):
+    """A copy of the tiny export whose manifest went through ``edit``."""
+    d = tmp_path / name
+    shutil.copytree(tiny_export, d)
+    m = json.loads((d / "edgespec.json").read_text())
+    (d / "edgespec.json").write_text(json.dumps(edit(m)))
+    return d
+
+
+CORRUPT = {
+    "list_manifest": lambda m: [m],
+    "layers_two": lambda m: {**m, "target": {**m["target"], "num_layers": "two"}},
+    "negative_heads": lambda m: {**m, "draft": {**m["draft"], "num_kv_heads": -2}},
+    "names_string": lambda m: {**m, "target": {**m["target"], "input_names": "input_ids"}},
+    "stop_strings": lambda m: {**m, "special_tokens": {**m["special_tokens"], "stop": ["</s>"]}},
+    "no_format": lambda m: {k: v for k, v in m.items() if k != "format"},
+    "no_tokenizer": lambda m: {k: v for k, v in m.items() if k != "tokenizer"},
+}
+
+
+@pytest.mark.parametrize("args, says", [
+    (["generate", "{export}", "--prompt", "x", "--k", "abc"], "expected an integer ≥ 0, got 'abc'"),
+    (["generate", "{export}", "--prompt", "x", "--max-new-tokens", "1.5"], "got '1.5'"),
+    (["generate", "{export}", "--prompt", "x", "--top-p", "nan"], "--top-p"),
+    (["generate", "{export}", "--prompt", "x", "--latency-budget-ms", "-1"], "--latency-budget-ms"),
+    (["generate", "{export}", "--prompt", "x", "--latency-budget-ms", "0"], "--latency-budget-ms"),
+    (["chat", "{export}", "--latency-budget-ms", "inf"], "--latency-budget-ms"),
+    (["bench", "{export}", "--latency-budget-ms", "nan"], "--latency-budget-ms"),
+    (["chat", "{export}", "--draft-p-min", "1.5"], "--draft-p-min"),
+    ([], "choose a command: export, chat, generate, bench, eval, info"),
+    (["info", "{file}"], "not a directory"),
+    (["info", "{list_manifest}"], "not an edgespec manifest"),
+    (["info", "{no_format}"], "not an edgespec manifest"),
+    (["info", "{layers_two}"], "num_layers must be a positive integer"),
+    (["info", "{negative_heads}"], "num_kv_heads must be a positive integer"),
+    (["info", "{names_string}"], "input_names must be a list of strings"),
+    (["generate", "{stop_strings}", "--prompt", "x"], "stop must be a list of token ids"),
+    (["info", "{no_tokenizer}"], '"tokenizer" field is missing'),
+])
+def test_bad_input_message(tiny_export, home, tmp_path, args, says):
+    subs = {"export": str(tiny_export), "file": str(tmp_path / "file")}
+    (tmp_path / "file").write_text("x")
+    for name, edit in CORRUPT.items():
+        if any("{" + name + "}" in a for a in args):
+            subs[name] = str(_corrupted(tiny_export, tmp_path, name, edit))
+    r = run([a.format(**subs) for a in args], home, stdin="")
+    assert r.returncode == 2 and r.stdout == ""
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("edgespec: error:") and says in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["info", "{export}"],
+    ["info", "{export}", "--json"],
+    ["generate", "{export}", "--prompt", "def add", "--max-new-tokens", "8"],
+])
+def test_closed_stdout_is_quiet(tiny_export, home, args):
+    """`edgespec info | head -1`: the reader is gone before anything is written; no traceback, no noise."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    env = dict(os.environ, EDGESPEC_HOME=str(home))
+    p = subprocess.Popen([sys.executable, "-m", "edgespec.cli", *[a.format(export=tiny_export) for a in args]],
+                         stdout=write_end, stderr=subprocess.PIPE, text=True, env=env)
+    os.close(write_end)
+    err = p.communicate(timeout=300)[1]
+    assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception ignored" not in err, err
+    assert p.returncode in (0, 141)
+
+
+def test_closed_stdout_after_one_byte(tiny_export, home):
+    env = dict(os.environ, EDGESPEC_HOME=str(home))
+    p = subprocess.Popen([sys.executable, "-m", "edgespec.cli", "info", str(tiny_export)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env)
+    assert p.stdout.read(1) == b"t"
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    p.wait(timeout=300)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+    assert p.returncode in (0, 141)
 
 
 def test_runtime_imports_without_torch_transformers_or_optimum():

@@ -110,6 +110,31 @@ def test_interrupted_export_leaves_nothing_loadable(home, tiny_dirs, tmp_path, m
         load_manifest(out)
 
 
+def test_resolve_model_hub_ids_and_missing_paths(tmp_path, monkeypatch):
+    from edgespec_export import sources
+
+    monkeypatch.setattr(sources, "_hub_reachable", lambda timeout=3.0: True)  # no network in tests
+    monkeypatch.chdir(tmp_path)
+    for ref in ("Qwen/Qwen2.5-0.5B", "some-org/model_v1.2"):
+        s = sources.resolve_model(ref)
+        assert (s.kind, s.ref, s.path, s.sha256) == ("hub", ref, None, "hub:" + ref)
+    for bad in ("./nope", "/abs/nope", "a/b/c", "nope", "../x/y", ".hidden/x", "a/..", "a/b c", "a//b", "a/"):
+        with pytest.raises(EdgespecError, match="no such file or directory, and not a hub model id"):
+            sources.resolve_model(bad)
+
+
+def test_unreachable_hub_switches_to_offline(monkeypatch):
+    import os
+
+    from edgespec_export import sources
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "")  # restored after the test
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(sources, "_hub_reachable", lambda timeout=3.0: False)
+    assert sources.resolve_model("Qwen/Qwen2.5-0.5B").kind == "hub"
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+
+
 @pytest.mark.parametrize("case", ["missing", "not_gguf", "no_config", "bert", "gpt2", "out_not_dir", "out_foreign"])
 def test_bad_input_is_one_clear_error(home, tiny_dirs, tmp_path, case):
     from edgespec_export import export_pair
