@@ -126,7 +126,7 @@ class AdaptiveK:
                 return src, k
         return "draft", 0
 
-    def observe(self, source: str, k: int, accepted: int, draft_ms: float, verify_ms: float) -> None:
+    def observe(self, source: str, k: int, accepted: int, draft_step_ms: float | None, verify_ms: float) -> None:
         """Update the source's alpha from the round's outcome and t_d, t_v(K+1) from its measured times (EWMA)."""
         self._ewma_verify(k + 1, verify_ms)
         if k == 0:
@@ -138,8 +138,8 @@ class AdaptiveK:
         c = self.counts[source]
         c[0] = self.decay * c[0] + accepted
         c[1] = self.decay * c[1] + int(accepted < k)
-        if source == "draft":
-            self.cost.draft_ms = 0.9 * self.cost.draft_ms + 0.1 * (draft_ms / k)
+        if draft_step_ms is not None:
+            self.cost.draft_ms = 0.8 * self.cost.draft_ms + 0.2 * draft_step_ms
 
     def _ewma_verify(self, n: int, ms: float) -> None:
         if n <= len(self.cost.verify_ms):

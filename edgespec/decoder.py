@@ -84,6 +84,7 @@ class SpecDecoder:
     def reset(self) -> None:
         """Forget the conversation: empty both caches."""
         self.tokens: list[int] = []
+        self.draft_step_ms: list[float] = []  # times of the last proposal's one-token draft steps (ms)
         self.tcache: KVCache = self.target.new_cache()
         self.dcache: KVCache | None = self.draft.new_cache() if self.draft else None
 
@@ -151,8 +152,12 @@ class SpecDecoder:
         the draft's own outputs only.
         """
         feed, drafted, q = self.tokens[self.dcache.length:], [], []
+        self.draft_step_ms = []  # one-token draft steps only: catch-up feeds are not the per-step cost
         for i in range(k):
+            t0 = time.perf_counter()
             logits = self.draft.forward(feed, self.dcache)[-1]
+            if len(feed) == 1:
+                self.draft_step_ms.append((time.perf_counter() - t0) * 1e3)
             if p_min is not None and i > 0 and self._tree_q(logits, SamplingParams(0)).max() < p_min:
                 break
             q.append(self._draft_probs(logits, sp))
@@ -355,7 +360,9 @@ class SpecDecoder:
             stats.rounds += 1
             stats.k_per_round.append(kk)
             stats.round_ms.append(dt)
-            policy.observe(source, kk, n_from_proposal, draft_ms, dt - draft_ms)
+            step_ms = (float(np.median(self.draft_step_ms)) if source == "draft" and kk and self.draft_step_ms
+                       else None)
+            policy.observe(source, kk, n_from_proposal, step_ms, dt - draft_ms)
             self.tokens.extend(new)
         stats.wall_ms = (time.perf_counter() - t_start) * 1e3
 

@@ -13,7 +13,7 @@ LINEAR = [100.0 + 10.0 * (n - 1) for n in range(1, 9)]  # t_v(N) = 100 ms + 10 m
 
 def _feed(policy, source, k, accepted, n=50):
     for _ in range(n):
-        policy.observe(source, k, accepted, 0.0, policy.cost.t_verify(k + 1))
+        policy.observe(source, k, accepted, None, policy.cost.t_verify(k + 1))
 
 
 def test_expected_tokens_formula():
