@@ -51,18 +51,24 @@ def expected_tokens(k: int, alpha: float) -> float:
 
 
 class AdaptiveK:
-    """K policy (see module docstring). ``observe`` refines alpha (EWMA) and the cost model from real rounds.
+    """K policy (see module docstring).
 
-    Prompt lookup proposals are costed at t_v(K+1) (no draft model runs) with their own acceptance estimate.
+    Costs: the calibrated model predicts each option's round time; a per-source overhead factor, learned
+    from measured rounds (EWMA of measured / predicted), adds what the model leaves out (sampling
+    arithmetic over the vocabulary, the draft's catch-up, cache effects of alternating two models). Plain
+    steps are costed by their own measured EWMA. Prompt lookup proposals cost t_v(K+1) (no draft run) and
+    have their own acceptance estimate; a tree of N nodes costs t_v(N+1) plus one draft run per level.
     """
 
     def __init__(self, cost: CostModel, k_max: int = 6, latency_budget_ms: float | None = None,
                  alpha0: float = 0.8, decay: float = 0.8, hysteresis: float = 0.03, probe_every: int = 8,
-                 probe_k: int = 2, has_draft: bool = True, lookup_alpha0: float = 0.5, tree: bool = False,
+                 probe_k: int = 2, has_draft: bool = True, lookup_alpha0: float = 0.7, tree: bool = False,
                  tree_budgets: tuple[int, ...] = (4, 6, 8, 12)):
         self.cost, self.k_max, self.budget = cost, k_max, latency_budget_ms
         # pseudo-counts of accepted / rejected proposal tokens, per source
         self.counts = {"draft": [alpha0 * 2, (1 - alpha0) * 2], "lookup": [lookup_alpha0 * 2, (1 - lookup_alpha0) * 2]}
+        self.overhead = {"draft": 1.0, "lookup": 1.0, "tree": 1.0}
+        self.plain_ms = cost.t_verify(1)
         self.decay, self.hysteresis = decay, hysteresis
         self.probe_every, self.probe_k = probe_every, probe_k
         self.has_draft = has_draft
@@ -77,41 +83,40 @@ class AdaptiveK:
         a, r = self.counts[source]
         return a / (a + r)
 
-    def _best(self, source: str, k_max: int) -> tuple[int, float]:
-        """(K, predicted tokens/ms) for ``source``, K in 1..k_max within the budget; (0, -1) if none fits."""
-        best = (0, -1.0)
-        for k in range(1, k_max + 1):
-            t = self.cost.round_ms(k) if source == "draft" else self.cost.t_verify(k + 1)
-            if self.budget is not None and t > self.budget:
-                continue
-            rate = expected_tokens(k, self.alpha(source)) / t
-            if rate > best[1]:
-                best = (k, rate)
-        return best
+    def _model_ms(self, source: str, k: int) -> float:
+        """The calibrated cost model's round time for ``source`` with K (tree: N nodes)."""
+        if source == "lookup":
+            return self.cost.t_verify(k + 1)
+        if source == "tree":
+            return self.cost.t_verify(k + 1) + TreeShape.for_budget(k).depth * self.cost.draft_ms
+        return self.cost.round_ms(k)
 
-    def _best_tree(self) -> tuple[int, float]:
-        """(node budget, predicted tokens/ms): a tree costs t_v(N+1) plus one draft run per level."""
+    def predicted_ms(self, source: str, k: int) -> float:
+        """Predicted wall time of a round (ms): K = 0 is a plain step."""
+        return self.plain_ms if k == 0 else self._model_ms(source, k) * self.overhead[source]
+
+    def _best(self, source: str, ks) -> tuple[int, float]:
+        """(K, predicted tokens/ms) for ``source`` over ``ks`` within the budget; (0, -1) if none fits."""
         best = (0, -1.0)
-        for b in self.tree_budgets:
-            t = self.cost.t_verify(b + 1) + TreeShape.for_budget(b).depth * self.cost.draft_ms
+        for k in ks:
+            t = self.predicted_ms(source, k)
             if self.budget is not None and t > self.budget:
                 continue
-            rate = (self.tree_accepted[b] + 1) / t
-            if rate > best[1]:
-                best = (b, rate)
+            tokens = self.tree_accepted[k] + 1 if source == "tree" else expected_tokens(k, self.alpha(source))
+            if tokens / t > best[1]:
+                best = (k, tokens / t)
         return best
 
     def choose(self, lookup: int = 0) -> tuple[str, int]:
-        plain_rate = 1.0 / self.cost.t_verify(1)
         options = []
         if self.has_draft:
-            options.append(("draft", *self._best("draft", self.k_max)))
+            options.append(("draft", *self._best("draft", range(1, self.k_max + 1))))
         if self.tree_budgets:
-            options.append(("tree", *self._best_tree()))
+            options.append(("tree", *self._best("tree", self.tree_budgets)))
         if lookup:
-            options.append(("lookup", *self._best("lookup", min(lookup, self.k_max))))
+            options.append(("lookup", *self._best("lookup", range(1, min(lookup, self.k_max) + 1))))
         source, k, rate = max(options, key=lambda o: o[2], default=("draft", 0, -1.0))
-        if k > 0 and rate >= plain_rate * (1 + self.hysteresis):  # must beat plain decoding by a margin
+        if k > 0 and rate >= (1 + self.hysteresis) / self.plain_ms:  # must beat plain decoding by a margin
             self.plain_run = 0
             return source, k
         self.plain_run += 1
@@ -121,16 +126,19 @@ class AdaptiveK:
             if src == "draft" and not self.has_draft:
                 return "draft", 0
             k = min(self.probe_k, self.k_max, lookup or self.k_max)
-            t = self.cost.round_ms(k) if src == "draft" else self.cost.t_verify(k + 1)
-            if self.budget is None or t <= self.budget:
+            if self.budget is None or self.predicted_ms(src, k) <= self.budget:
                 return src, k
         return "draft", 0
 
-    def observe(self, source: str, k: int, accepted: int, draft_step_ms: float | None, verify_ms: float) -> None:
-        """Update the source's alpha from the round's outcome and t_d, t_v(K+1) from its measured times (EWMA)."""
-        self._ewma_verify(k + 1, verify_ms)
+    def observe(self, source: str, k: int, accepted: int, draft_step_ms: float | None, round_ms: float) -> None:
+        """Learn from a finished round: the source's acceptance, its overhead factor, the plain step time and
+        the draft step time (all EWMA)."""
         if k == 0:
+            self.plain_ms = 0.8 * self.plain_ms + 0.2 * round_ms
             return
+        self.overhead[source] = 0.7 * self.overhead[source] + 0.3 * (round_ms / self._model_ms(source, k))
+        if draft_step_ms is not None:
+            self.cost.draft_ms = 0.8 * self.cost.draft_ms + 0.2 * draft_step_ms
         if source == "tree":
             if k in self.tree_accepted:
                 self.tree_accepted[k] = 0.8 * self.tree_accepted[k] + 0.2 * accepted
@@ -138,12 +146,6 @@ class AdaptiveK:
         c = self.counts[source]
         c[0] = self.decay * c[0] + accepted
         c[1] = self.decay * c[1] + int(accepted < k)
-        if draft_step_ms is not None:
-            self.cost.draft_ms = 0.8 * self.cost.draft_ms + 0.2 * draft_step_ms
-
-    def _ewma_verify(self, n: int, ms: float) -> None:
-        if n <= len(self.cost.verify_ms):
-            self.cost.verify_ms[n - 1] = 0.9 * self.cost.verify_ms[n - 1] + 0.1 * ms
 
     @classmethod
     def for_decoder(cls, decoder, latency_budget_ms: float | None = None, k_max: int = 6,

@@ -297,22 +297,23 @@ def _cmd_bench(a) -> int:
         modes.insert(0, "plain")
     prompts = _prompt_set(a)
     d = _export_dir(a.dir, auto_export=False)
-    out = Path(a.out)
-    if out.parent != Path("") and not out.parent.is_dir():
-        raise EdgespecError(f"{out.parent}: no such directory for --out")
+    base = next((a.out[:-len(x)] for x in (".json", ".png") if a.out.endswith(x)), a.out)  # OUT.json, OUT.png
+    json_out, png_out = Path(base + ".json"), Path(base + ".png")
+    if not json_out.parent.is_dir():
+        raise EdgespecError(f"{json_out.parent}: no such directory for --out")
     result = run_bench(d, modes, prompts, a.max_new_tokens, a.temperature, a.seed, a.provider, a.threads,
                        cost=a.cost_curve, progress=not a.json)
     result["command"] = "edgespec " + " ".join(sys.argv[1:])
-    _write_json(out.with_suffix(".json"), result)
+    _write_json(json_out, result)
     try:
-        plot(result, out.with_suffix(".png"))
+        plot(result, png_out)
     except ImportError:
         print("edgespec: matplotlib is not installed: no plot (pip install 'edgespec[bench]')", file=sys.stderr)
     if a.json:
         print(json.dumps(result))
     else:
         print(format_bench(result))
-        print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+        print(f"wrote {json_out} and {png_out}")
     return 0
 
 
@@ -379,10 +380,14 @@ def _cmd_eval(a) -> int:
 def format_stats(s) -> str:
     """One line: tokens, tok/s, alpha, mean accepted length, K, timings."""
     line = f"[{s.new_tokens} tokens, {s.tokens_per_s:.2f} tok/s, prefill {s.prefill_ms:.0f} ms"
-    if s.mode == "spec":
+    if s.mode != "plain":
         ks = s.k_per_round
         line += (f", alpha {s.alpha:.2f}, {s.mean_accepted_length:.2f} tokens/round, "
                  f"mean K {sum(ks) / max(len(ks), 1):.1f}, draft {s.draft_ms:.0f} ms, verify {s.verify_ms:.0f} ms")
+    if s.latency_budget_ms is not None and s.round_ms:
+        r = s.round_latency()
+        line += (f", rounds p50/p95 {r['round_p50_ms']:.0f}/{r['round_p95_ms']:.0f} ms vs budget "
+                 f"{s.latency_budget_ms:g} ms ({100 * r['share_rounds_over_budget']:.0f}% over)")
     return line + "]"
 
 

@@ -112,7 +112,8 @@ class SpecDecoder:
     # -- the three steps -------------------------------------------------------------------------------
 
     def _prefill(self, ids: list[int], sp: SamplingParams, rng: np.random.Generator) -> int:
-        """Bring the target cache to ``ids[:-0]`` (reusing the common prefix) and sample the first new token."""
+        """Run the prompt through the target, reusing the cached common prefix with the previous call, and
+        sample the first new token from the last position's p."""
         keep = min(_common_prefix(self.tokens, ids), len(ids) - 1)
         self.tcache.crop(keep)  # rollback site for a new prompt: drop what the new prompt does not share
         if self.dcache is not None:
@@ -262,6 +263,33 @@ class SpecDecoder:
         stats.record_position(max(tree.depth, default=0), len(path))
         return [tree.tokens[i] for i in path] + [x], len(path), draft_ms
 
+    def _round(self, source: str, k: int, candidate: list[int], sp: SamplingParams, rng: np.random.Generator,
+               p_min: float | None, stats: GenerationStats) -> tuple[list[int], int, float]:
+        """One target run: a plain step (K = 0), or a proposal from ``source`` (draft chain, tree, or the
+        prompt-lookup ``candidate``) verified by it. Returns (new tokens, accepted proposal tokens, draft ms)."""
+        if k == 0:
+            stats.plain_steps += 1
+            return [self._plain_step(sp, rng)], 0, 0.0
+        t0 = time.perf_counter()
+        if source == "tree":
+            stats.tree_rounds += 1
+            new, n, draft_ms = self._tree_round(TreeShape.for_budget(k), sp, rng, stats)
+            stats.draft_ms += draft_ms
+            return new, n, draft_ms
+        if source == "lookup":
+            drafted = candidate[:k]
+            q = np.zeros((len(drafted), self.width))
+            q[np.arange(len(drafted)), drafted] = 1.0  # one-hot q: accepted with probability p(x)
+            stats.lookup_rounds += 1
+        else:
+            drafted, q = self._propose_draft(k, sp, rng, p_min)
+        draft_ms = (time.perf_counter() - t0) * 1e3
+        stats.draft_ms += draft_ms
+        new, n = self._spec_round(drafted, q, sp, rng, stats)
+        if source == "lookup":
+            stats.lookup_accepted += n
+        return new, n, draft_ms
+
     # -- generation ------------------------------------------------------------------------------------
 
     def generate_ids(self, input_ids: list[int], max_new_tokens: int = 256, sampling: SamplingParams = SamplingParams(),
@@ -295,6 +323,7 @@ class SpecDecoder:
         if len(input_ids) >= self.context_length:
             raise ValueError(f"the prompt is {len(input_ids)} tokens; the context holds {self.context_length}")
         stats = stats if stats is not None else GenerationStats()
+        stats.latency_budget_ms = getattr(policy, "budget", None)
         use_lookup = mode == "lookup" or lookup
         if draft_p_min is not None and not 0 <= draft_p_min <= 1:
             raise ValueError(f"draft_p_min must be in [0, 1], got {draft_p_min}")
@@ -333,28 +362,9 @@ class SpecDecoder:
             candidate = ngram_lookup(self.tokens, k_cap) if use_lookup and mode != "plain" else []
             source, kk = ("draft", 0) if mode == "plain" else policy.choose(len(candidate))
             kk = max(0, min(kk, k_cap))
-            draft_ms = 0.0
-            if kk == 0:
-                new, n_from_proposal = [self._plain_step(sampling, rng)], 0
-                stats.plain_steps += 1
-            elif source == "tree":
-                new, n_from_proposal, draft_ms = self._tree_round(TreeShape.for_budget(kk), sampling, rng, stats)
-                stats.draft_ms += draft_ms
-                stats.tree_rounds += 1
-            else:
-                if source == "lookup":
-                    drafted = candidate[:kk]
-                    q = np.zeros((len(drafted), self.width))
-                    q[np.arange(len(drafted)), drafted] = 1.0  # one-hot q: accepted with probability p(x)
-                    stats.lookup_rounds += 1
-                else:
-                    drafted, q = self._propose_draft(kk, sampling, rng, p_min)
-                t1 = time.perf_counter()
-                draft_ms = (t1 - t0) * 1e3
-                stats.draft_ms += draft_ms
-                new, n_from_proposal = self._spec_round(drafted, q, sampling, rng, stats)
-                if source == "lookup":
-                    stats.lookup_accepted += n_from_proposal
+            if source in ("draft", "tree") and self.draft is None:
+                kk = 0  # a policy asked for the draft model of a target-only decoder
+            new, n_from_proposal, draft_ms = self._round(source, kk, candidate, sampling, rng, p_min, stats)
             dt = (time.perf_counter() - t0) * 1e3
             stats.verify_ms += dt - draft_ms
             stats.rounds += 1
@@ -362,7 +372,7 @@ class SpecDecoder:
             stats.round_ms.append(dt)
             step_ms = (float(np.median(self.draft_step_ms)) if source == "draft" and kk and self.draft_step_ms
                        else None)
-            policy.observe(source, kk, n_from_proposal, step_ms, dt - draft_ms)
+            policy.observe(source, kk, n_from_proposal, step_ms, dt)
             self.tokens.extend(new)
         stats.wall_ms = (time.perf_counter() - t_start) * 1e3
 

@@ -15,9 +15,9 @@ class KPolicy(Protocol):
         """``("draft", K)``, ``("tree", nodes)`` or ``("lookup", K)``; ``lookup`` is how many tokens prompt lookup can propose now
         (0: none, or lookup is off). K = 0 is a plain target step."""
 
-    def observe(self, source: str, k: int, accepted: int, draft_step_ms: float | None, verify_ms: float) -> None:
+    def observe(self, source: str, k: int, accepted: int, draft_step_ms: float | None, round_ms: float) -> None:
         """A round from ``source`` with draft length ``k`` accepted ``accepted`` tokens; the median time of
-        its one-token draft steps (None if it had none) and its target time, in ms."""
+        its one-token draft steps (None if it had none) and the whole round's wall time, in ms."""
 
 
 class FixedK:
@@ -34,7 +34,7 @@ class FixedK:
             return "lookup", min(self.k, lookup)
         return ("tree" if self.tree else "draft"), self.k if self.draft else 0
 
-    def observe(self, source: str, k: int, accepted: int, draft_step_ms: float | None, verify_ms: float) -> None:
+    def observe(self, source: str, k: int, accepted: int, draft_step_ms: float | None, round_ms: float) -> None:
         pass
 
 
@@ -49,5 +49,5 @@ class KSchedule:
         self.i += 1
         return "draft", k
 
-    def observe(self, source: str, k: int, accepted: int, draft_step_ms: float | None, verify_ms: float) -> None:
+    def observe(self, source: str, k: int, accepted: int, draft_step_ms: float | None, round_ms: float) -> None:
         pass

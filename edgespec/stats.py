@@ -37,6 +37,19 @@ class GenerationStats:
     verify_ms: float = 0.0
     wall_ms: float = 0.0
     stop_reason: str = ""
+    latency_budget_ms: float | None = None
+
+    def round_latency(self) -> dict:
+        """p50/p95 round time (ms) and, with a latency budget, the share of rounds over it."""
+        import numpy as np
+
+        if not self.round_ms:
+            return {}
+        out = {"round_p50_ms": float(np.percentile(self.round_ms, 50)),
+               "round_p95_ms": float(np.percentile(self.round_ms, 95))}
+        if self.latency_budget_ms is not None:
+            out["share_rounds_over_budget"] = float(np.mean(np.array(self.round_ms) > self.latency_budget_ms))
+        return out
 
     def record_position(self, k: int, n: int) -> None:
         """Count a round that proposed ``k`` and accepted the first ``n`` draft tokens."""
@@ -81,6 +94,7 @@ class GenerationStats:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d.update(self.round_latency())
         d.update(evaluated=self.evaluated, alpha=self.alpha, draft_acceptance=self.draft_acceptance,
                  mean_accepted_length=self.mean_accepted_length,
                  tokens_per_s=self.tokens_per_s, decode_tokens_per_s=self.decode_tokens_per_s)

@@ -26,34 +26,35 @@ def pytest_collection_modifyitems(config, items):
 USER_HOME = os.environ.get("EDGESPEC_HOME")  # as the user set it, before the tiny tiers isolate it
 
 
-@contextlib.contextmanager
-def user_home():
-    """The user's own EDGESPEC_HOME (the real cache) for the duration of a block."""
-    saved = os.environ.get("EDGESPEC_HOME")
-    if USER_HOME is None:
+def _set_home(value: str | None) -> None:
+    if value is None:
         os.environ.pop("EDGESPEC_HOME", None)
     else:
-        os.environ["EDGESPEC_HOME"] = USER_HOME
+        os.environ["EDGESPEC_HOME"] = value
+
+
+@contextlib.contextmanager
+def edgespec_home(value: str | None):
+    """EDGESPEC_HOME set to ``value`` (None: unset) for the duration of a block."""
+    saved = os.environ.get("EDGESPEC_HOME")
+    _set_home(value)
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop("EDGESPEC_HOME", None)
-        else:
-            os.environ["EDGESPEC_HOME"] = saved
+        _set_home(saved)
+
+
+def user_home():
+    """The user's own EDGESPEC_HOME (the real cache) for the duration of a block."""
+    return edgespec_home(USER_HOME)
 
 
 @pytest.fixture(scope="session")
 def home(tmp_path_factory):
     """EDGESPEC_HOME for the tiny tier (the real tier keeps the user's cache)."""
     d = tmp_path_factory.mktemp("edgespec_home")
-    old = os.environ.get("EDGESPEC_HOME")
-    os.environ["EDGESPEC_HOME"] = str(d)
-    yield d
-    if old is None:
-        os.environ.pop("EDGESPEC_HOME", None)
-    else:
-        os.environ["EDGESPEC_HOME"] = old
+    with edgespec_home(str(d)):
+        yield d
 
 
 @pytest.fixture(scope="session")

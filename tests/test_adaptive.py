@@ -13,7 +13,7 @@ LINEAR = [100.0 + 10.0 * (n - 1) for n in range(1, 9)]  # t_v(N) = 100 ms + 10 m
 
 def _feed(policy, source, k, accepted, n=50):
     for _ in range(n):
-        policy.observe(source, k, accepted, None, policy.cost.t_verify(k + 1))
+        policy.observe(source, k, accepted, None, policy.predicted_ms(source, k))
 
 
 def test_expected_tokens_formula():
@@ -33,6 +33,17 @@ def test_cheap_draft_and_high_alpha_give_k_above_0():
     assert src == "draft" and k >= 3
 
 
+def test_measured_overhead_turns_speculation_off():
+    """Rounds that measure 40% slower than the model predicts make a marginal K unprofitable."""
+    pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=20.0), alpha0=0.75)
+    src, k = pol.choose()
+    assert k > 0
+    for _ in range(10):
+        pol.observe(src, k, 1, None, 1.4 * pol._model_ms(src, k))
+        pol.observe("draft", 0, 0, None, 100.0)
+    assert pol.choose() == ("draft", 0)
+
+
 def test_low_acceptance_switches_to_plain_and_probes_to_recover():
     pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=10.0), alpha0=0.9, probe_every=8)
     assert pol.choose()[1] > 0
@@ -45,10 +56,14 @@ def test_low_acceptance_switches_to_plain_and_probes_to_recover():
 
 def test_latency_budget_is_respected():
     cost = CostModel(list(LINEAR), draft_ms=5.0)
-    pol = AdaptiveK(cost, alpha0=0.95, latency_budget_ms=125.0)
+    pol = AdaptiveK(cost, alpha0=0.95, latency_budget_ms=160.0)
     src, k = pol.choose()
-    assert k > 0 and cost.round_ms(k) <= 125.0
-    assert AdaptiveK(CostModel(list(LINEAR), draft_ms=5.0), alpha0=0.95).choose()[1] > k
+    assert k == 4 and pol.predicted_ms(src, k) <= 160.0  # round(K) = 100 + 15 K ms
+    for _ in range(20):  # rounds measured 20% slower than the model: the budget allows a smaller K
+        pol.observe("draft", k, k, None, 1.2 * cost.round_ms(k))
+    k2 = pol.choose()[1]
+    assert k2 == 2 and pol.predicted_ms("draft", k2) <= 160.0
+    assert AdaptiveK(CostModel(list(LINEAR), draft_ms=5.0), alpha0=0.95).choose()[1] > 4
 
 
 def test_lookup_is_preferred_when_it_is_accepted_and_free():
@@ -121,9 +136,9 @@ def test_adaptive_tree_policy_picks_a_budget_and_learns():
     src, n = pol.choose()
     assert src in ("tree", "draft") and n > 0
     for _ in range(30):
-        pol.observe("tree", 8, 5, 20.0, 170.0)  # budget 8 accepts 5 tokens per round: best
+        pol.observe("tree", 8, 5, 5.0, pol._model_ms("tree", 8))  # budget 8 accepts 5 tokens per round: best
         for b in (4, 6, 12):
-            pol.observe("tree", b, 0, 20.0, 150.0)
+            pol.observe("tree", b, 0, 5.0, pol._model_ms("tree", b))
     assert pol.choose() == ("tree", 8)
 
 

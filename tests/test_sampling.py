@@ -71,13 +71,18 @@ def _tv(a, b):
     return 0.5 * np.abs(a - b).sum()
 
 
-def test_speculative_sampling_matches_target_distribution():
-    """First and second emitted tokens over 50,000 seeded draws vs the processed target distribution."""
+@pytest.mark.parametrize("pruned", [False, True])
+def test_speculative_sampling_matches_target_distribution(pruned):
+    """First and second emitted tokens over 50,000 seeded draws vs the processed target distribution.
+
+    ``pruned``: the draft can only propose ids 0..5 of 8 (a pruned head, q = 0 elsewhere, FR-Spec)."""
     rng = np.random.default_rng(1234)
     v, k, draws = 8, 3, 50_000
     sp = SamplingParams(temperature=0.7, top_p=0.9)
     target_logits = rng.normal(size=(v, v)) * 1.5  # next-token logits depend on the previous token
     draft_logits = target_logits + rng.normal(size=(v, v))  # a draft that is close but wrong
+    if pruned:
+        draft_logits[:, 6:] = -np.inf
     p_of = probs(target_logits, sp)
     q_of = probs(draft_logits, sp)
     start = 3
