@@ -25,10 +25,12 @@ from .tree import TreeShape
 
 @dataclass
 class CostModel:
-    """Measured costs in ms: ``verify_ms[N-1]`` = target run of N rows; ``draft_ms`` = one draft step."""
+    """Measured costs in ms: ``verify_ms[N-1]`` = target run of N rows; ``draft_ms`` = one draft step;
+    ``draft_prefill_ms`` = draft time per token of a many-token feed (its catch-up on unseen tokens)."""
 
     verify_ms: list[float]
     draft_ms: float
+    draft_prefill_ms: float = 1.0
 
     def t_verify(self, n: int) -> float:
         """Predicted target time for N rows (linear extrapolation past the measured range)."""
@@ -61,14 +63,15 @@ class AdaptiveK:
     """
 
     def __init__(self, cost: CostModel, k_max: int = 6, latency_budget_ms: float | None = None,
-                 alpha0: float = 0.8, decay: float = 0.8, hysteresis: float = 0.03, probe_every: int = 8,
+                 alpha0: float = 0.7, decay: float = 0.8, hysteresis: float = 0.03, probe_every: int = 8,
                  probe_k: int = 2, has_draft: bool = True, lookup_alpha0: float = 0.7, tree: bool = False,
                  tree_budgets: tuple[int, ...] = (4, 6, 8, 12)):
         self.cost, self.k_max, self.budget = cost, k_max, latency_budget_ms
         # pseudo-counts of accepted / rejected proposal tokens, per source
         self.counts = {"draft": [alpha0 * 2, (1 - alpha0) * 2], "lookup": [lookup_alpha0 * 2, (1 - lookup_alpha0) * 2]}
-        self.overhead = {"draft": 1.0, "lookup": 1.0, "tree": 1.0}
+        self.overhead = {"draft": 1.0, "lookup": 1.0, "tree": 1.0}  # measured / modelled round time (learned)
         self.plain_ms = cost.t_verify(1)
+        self.catchup_ms = cost.draft_prefill_ms  # per token the draft has not seen
         self.decay, self.hysteresis = decay, hysteresis
         self.probe_every, self.probe_k = probe_every, probe_k
         self.has_draft = has_draft
@@ -95,24 +98,29 @@ class AdaptiveK:
         """Predicted wall time of a round (ms): K = 0 is a plain step."""
         return self.plain_ms if k == 0 else self._model_ms(source, k) * self.overhead[source]
 
-    def _best(self, source: str, ks) -> tuple[int, float]:
-        """(K, predicted tokens/ms) for ``source`` over ``ks`` within the budget; (0, -1) if none fits."""
+    def _best(self, source: str, ks, catchup_ms: float = 0.0, horizon: int = 128) -> tuple[int, float]:
+        """(K, predicted tokens/ms) for ``source`` over ``ks`` within the budget; (0, -1) if none fits.
+
+        A one-time draft catch-up of ``catchup_ms`` is spread over the ``horizon`` tokens it would serve."""
         best = (0, -1.0)
         for k in ks:
             t = self.predicted_ms(source, k)
-            if self.budget is not None and t > self.budget:
+            if self.budget is not None and t + catchup_ms > self.budget:
                 continue
             tokens = self.tree_accepted[k] + 1 if source == "tree" else expected_tokens(k, self.alpha(source))
-            if tokens / t > best[1]:
-                best = (k, tokens / t)
+            rate = tokens / (t + catchup_ms * tokens / max(horizon, 1))
+            if rate > best[1]:
+                best = (k, rate)
         return best
 
-    def choose(self, lookup: int = 0) -> tuple[str, int]:
+    def choose(self, lookup: int = 0, lag: int = 0, horizon: int | None = None) -> tuple[str, int]:
         options = []
+        # the answer's real length is unknown: spread a catch-up over at most 128 tokens
+        catchup, horizon = max(lag - 1, 0) * self.catchup_ms, min(horizon or 128, 128)
         if self.has_draft:
-            options.append(("draft", *self._best("draft", range(1, self.k_max + 1))))
+            options.append(("draft", *self._best("draft", range(1, self.k_max + 1), catchup, horizon)))
         if self.tree_budgets:
-            options.append(("tree", *self._best("tree", self.tree_budgets)))
+            options.append(("tree", *self._best("tree", self.tree_budgets, catchup, horizon)))
         if lookup:
             options.append(("lookup", *self._best("lookup", range(1, min(lookup, self.k_max) + 1))))
         source, k, rate = max(options, key=lambda o: o[2], default=("draft", 0, -1.0))
@@ -120,7 +128,8 @@ class AdaptiveK:
             self.plain_run = 0
             return source, k
         self.plain_run += 1
-        if self.plain_run >= self.probe_every:  # re-probe, so acceptance estimates can recover
+        # re-probe, so acceptance estimates can recover; a draft probe only if its catch-up is cheap
+        if self.plain_run >= self.probe_every and (lookup or catchup <= 0.05 * self.plain_ms * horizon):
             self.plain_run = 0
             src = "lookup" if lookup else "draft"
             if src == "draft" and not self.has_draft:
@@ -130,13 +139,17 @@ class AdaptiveK:
                 return src, k
         return "draft", 0
 
-    def observe(self, source: str, k: int, accepted: int, draft_step_ms: float | None, round_ms: float) -> None:
-        """Learn from a finished round: the source's acceptance, its overhead factor, the plain step time and
-        the draft step time (all EWMA)."""
+    def observe(self, source: str, k: int, accepted: int, draft_step_ms: float | None, round_ms: float,
+                catchup_ms: float = 0.0, catchup_tokens: int = 0) -> None:
+        """Learn from a finished round: the source's acceptance, its overhead factor (catch-up excluded), the
+        plain step, draft step and catch-up times (all EWMA)."""
         if k == 0:
             self.plain_ms = 0.8 * self.plain_ms + 0.2 * round_ms
             return
-        self.overhead[source] = 0.7 * self.overhead[source] + 0.3 * (round_ms / self._model_ms(source, k))
+        if catchup_tokens > 0:
+            self.catchup_ms = 0.7 * self.catchup_ms + 0.3 * (catchup_ms / catchup_tokens)
+        ratio = (round_ms - catchup_ms) / self._model_ms(source, k)
+        self.overhead[source] = 0.7 * self.overhead[source] + 0.3 * ratio
         if draft_step_ms is not None:
             self.cost.draft_ms = 0.8 * self.cost.draft_ms + 0.2 * draft_step_ms
         if source == "tree":
@@ -171,7 +184,8 @@ def _calibration_path(decoder, k_max: int):
 
 
 def calibrate(decoder, k_max: int = 6, context: int = 128, reps: int = 5, use_cache: bool = True) -> CostModel:
-    """Measure t_v(N) for N = 1..k_max+1 and the draft step time after a ``context``-token past (median ms).
+    """Measure t_v(N) for N = 1..k_max+1, the draft step time after a ``context``-token past (median ms), and
+    the draft's per-token prefill time (its catch-up cost).
 
     One prefill per model, then each timed run is rolled back with ``crop``; a second or two on the real
     pair. The result is cached per device, export and execution provider under the user cache.
@@ -185,9 +199,13 @@ def calibrate(decoder, k_max: int = 6, context: int = 128, reps: int = 5, use_ca
     rng = np.random.default_rng(0)
     ids = rng.integers(0, min(decoder.width, 1000), size=context + k_max + 1).tolist()
 
+    prefill = {}
+
     def timed(model, ns):
         cache = model.new_cache()
+        t0 = time.perf_counter()
         model.forward(ids[:context], cache)
+        prefill[model] = (time.perf_counter() - t0) * 1e3 / context
         model.forward(ids[context:context + 1], cache)  # warm-up
         out = {}
         for n in ns:
@@ -203,7 +221,8 @@ def calibrate(decoder, k_max: int = 6, context: int = 128, reps: int = 5, use_ca
     tv = timed(decoder.target, range(1, k_max + 2))
     verify = [tv[n] for n in range(1, k_max + 2)]
     draft = timed(decoder.draft, [1])[1] if decoder.draft is not None else verify[0]
-    cost = CostModel(verify_ms=verify, draft_ms=draft)
+    cost = CostModel(verify_ms=verify, draft_ms=draft,
+                     draft_prefill_ms=prefill.get(decoder.draft, prefill[decoder.target]))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(asdict(cost)))

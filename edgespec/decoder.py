@@ -85,6 +85,7 @@ class SpecDecoder:
         """Forget the conversation: empty both caches."""
         self.tokens: list[int] = []
         self.draft_step_ms: list[float] = []  # times of the last proposal's one-token draft steps (ms)
+        self.catchup: tuple[float, int] = (0.0, 0)  # the last proposal's catch-up feed: (ms, tokens)
         self.tcache: KVCache = self.target.new_cache()
         self.dcache: KVCache | None = self.draft.new_cache() if self.draft else None
 
@@ -153,12 +154,15 @@ class SpecDecoder:
         the draft's own outputs only.
         """
         feed, drafted, q = self.tokens[self.dcache.length:], [], []
-        self.draft_step_ms = []  # one-token draft steps only: catch-up feeds are not the per-step cost
+        self.draft_step_ms, self.catchup = [], (0.0, 0)  # one-token steps; (ms, tokens) of a catch-up feed
         for i in range(k):
             t0 = time.perf_counter()
             logits = self.draft.forward(feed, self.dcache)[-1]
+            ms = (time.perf_counter() - t0) * 1e3
             if len(feed) == 1:
-                self.draft_step_ms.append((time.perf_counter() - t0) * 1e3)
+                self.draft_step_ms.append(ms)
+            else:
+                self.catchup = (ms, len(feed) - 1)
             if p_min is not None and i > 0 and self._tree_q(logits, SamplingParams(0)).max() < p_min:
                 break
             q.append(self._draft_probs(logits, sp))
@@ -360,7 +364,8 @@ class SpecDecoder:
             t0 = time.perf_counter()
             k_cap = min(remaining - 1, self.context_length - 1 - L)  # also caps a tree's node count
             candidate = ngram_lookup(self.tokens, k_cap) if use_lookup and mode != "plain" else []
-            source, kk = ("draft", 0) if mode == "plain" else policy.choose(len(candidate))
+            lag = L + 1 - self.dcache.length if self.dcache is not None else 0
+            source, kk = ("draft", 0) if mode == "plain" else policy.choose(len(candidate), lag, remaining)
             kk = max(0, min(kk, k_cap))
             if source in ("draft", "tree") and self.draft is None:
                 kk = 0  # a policy asked for the draft model of a target-only decoder
@@ -370,9 +375,12 @@ class SpecDecoder:
             stats.rounds += 1
             stats.k_per_round.append(kk)
             stats.round_ms.append(dt)
-            step_ms = (float(np.median(self.draft_step_ms)) if source == "draft" and kk and self.draft_step_ms
-                       else None)
-            policy.observe(source, kk, n_from_proposal, step_ms, dt)
+            drafted_now = source == "draft" and kk > 0
+            step_ms = float(np.median(self.draft_step_ms)) if drafted_now and self.draft_step_ms else None
+            catchup_ms, catchup_tokens = self.catchup if drafted_now else (0.0, 0)
+            if step_ms is not None and catchup_tokens:
+                catchup_ms = max(catchup_ms - step_ms, 0.0)  # the catch-up feed also drafted the first token
+            policy.observe(source, kk, n_from_proposal, step_ms, dt, catchup_ms, catchup_tokens)
             self.tokens.extend(new)
         stats.wall_ms = (time.perf_counter() - t_start) * 1e3
 

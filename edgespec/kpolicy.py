@@ -11,13 +11,17 @@ from typing import Protocol
 class KPolicy(Protocol):
     """Chooses the proposal source and K before a round and learns from its outcome."""
 
-    def choose(self, lookup: int = 0) -> tuple[str, int]:
-        """``("draft", K)``, ``("tree", nodes)`` or ``("lookup", K)``; ``lookup`` is how many tokens prompt lookup can propose now
-        (0: none, or lookup is off). K = 0 is a plain target step."""
+    def choose(self, lookup: int = 0, lag: int = 0, horizon: int | None = None) -> tuple[str, int]:
+        """``("draft", K)``, ``("tree", nodes)`` or ``("lookup", K)``; K = 0 is a plain target step.
 
-    def observe(self, source: str, k: int, accepted: int, draft_step_ms: float | None, round_ms: float) -> None:
+        ``lookup``: how many tokens prompt lookup can propose now (0: none, or lookup is off); ``lag``: tokens
+        the draft must catch up on before it can draft; ``horizon``: new tokens still allowed."""
+
+    def observe(self, source: str, k: int, accepted: int, draft_step_ms: float | None, round_ms: float,
+                catchup_ms: float = 0.0, catchup_tokens: int = 0) -> None:
         """A round from ``source`` with draft length ``k`` accepted ``accepted`` tokens; the median time of
-        its one-token draft steps (None if it had none) and the whole round's wall time, in ms."""
+        its one-token draft steps (None if it had none), the whole round's wall time, and the part of it the
+        draft spent catching up on ``catchup_tokens`` tokens, in ms."""
 
 
 class FixedK:
@@ -29,12 +33,13 @@ class FixedK:
             raise ValueError(f"k must be ≥ 0, got {k}")
         self.k, self.draft, self.tree = k, draft, tree
 
-    def choose(self, lookup: int = 0) -> tuple[str, int]:
+    def choose(self, lookup: int = 0, lag: int = 0, horizon: int | None = None) -> tuple[str, int]:
         if lookup:
             return "lookup", min(self.k, lookup)
         return ("tree" if self.tree else "draft"), self.k if self.draft else 0
 
-    def observe(self, source: str, k: int, accepted: int, draft_step_ms: float | None, round_ms: float) -> None:
+    def observe(self, source: str, k: int, accepted: int, draft_step_ms: float | None, round_ms: float,
+                catchup_ms: float = 0.0, catchup_tokens: int = 0) -> None:
         pass
 
 
@@ -44,10 +49,11 @@ class KSchedule:
     def __init__(self, schedule: list[int]):
         self.schedule, self.i = list(schedule), 0
 
-    def choose(self, lookup: int = 0) -> tuple[str, int]:
+    def choose(self, lookup: int = 0, lag: int = 0, horizon: int | None = None) -> tuple[str, int]:
         k = self.schedule[self.i % len(self.schedule)]
         self.i += 1
         return "draft", k
 
-    def observe(self, source: str, k: int, accepted: int, draft_step_ms: float | None, round_ms: float) -> None:
+    def observe(self, source: str, k: int, accepted: int, draft_step_ms: float | None, round_ms: float,
+                catchup_ms: float = 0.0, catchup_tokens: int = 0) -> None:
         pass

@@ -150,3 +150,11 @@ def test_draft_p_min_stops_drafting_early_and_stays_lossless(dec):
     g = dec.generate(input_ids=ids, max_new_tokens=40, k=6, draft_p_min=0.99).run()
     assert g.token_ids == plain.token_ids
     assert g.stats.proposed < 6 * g.stats.rounds  # some rounds stopped before K
+
+
+def test_draft_catch_up_is_amortized_over_the_horizon():
+    """A long stretch the draft has not seen costs a catch-up; it pays only over enough remaining tokens."""
+    pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=5.0, draft_prefill_ms=2.0), alpha0=0.75)
+    assert pol.choose(lag=1, horizon=200)[1] > 0
+    assert pol.choose(lag=400, horizon=8) == ("draft", 0)
+    assert pol.choose(lag=400, horizon=10_000)[1] > 0

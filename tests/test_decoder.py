@@ -37,7 +37,7 @@ class _CheckedSchedule(KSchedule):
         super().__init__(schedule)
         self.d = decoder
 
-    def choose(self, lookup=0):
+    def choose(self, lookup=0, lag=0, horizon=None):
         d = self.d
         assert d.tcache.length == len(d.tokens) - 1  # target: positions 0..L-1, `last` not cached
         assert d.dcache.length <= d.tcache.length  # the draft may lag, never lead
