@@ -250,7 +250,7 @@ def plot(result: dict, path: str | Path) -> None:
         vals = [summary[m].get(cls, {}).get("speedup_decode_median") or 0 for m in modes]
         ax1.bar(np.arange(len(modes)) + j * width, vals, width, label=cls)
     ax1.axhline(1.0, color="k", lw=0.8)
-    ax1.set_xticks(np.arange(len(modes)) + width * (len(classes) - 1) / 2, modes)
+    ax1.set_xticks(np.arange(len(modes)) + width * (len(classes) - 1) / 2, modes, rotation=30, ha="right")
     ax1.set_ylabel("decode speedup vs plain (median of paired ratios)")
     ax1.set_title("Speedup by mode and prompt class")
     ax1.legend(fontsize=8)

@@ -75,9 +75,10 @@ def first_token_check(decoder, input_ids: list[int], sp: SamplingParams, draws: 
     decoder.reset()
     p = probs(decoder.target.forward(input_ids, decoder.target.new_cache())[-1], sp)
     counts = np.zeros_like(p)
+    decoder._prefill_state(input_ids)
+    base = decoder.tcache.length
     for s in range(draws):
-        decoder.reset()
-        decoder._prefill_state(input_ids)
+        decoder.tokens = list(input_ids)  # back to the state after the prompt (the caches are cropped below)
         rng = np.random.default_rng(seed + s)
         if tree:
             from .tree import TreeShape
@@ -87,6 +88,8 @@ def first_token_check(decoder, input_ids: list[int], sp: SamplingParams, draws: 
             drafted, q = decoder._propose_draft(k, sp, rng)
             new, _ = decoder._spec_round(drafted, q, sp, rng, _NullStats())
         counts[new[0]] += 1
+        decoder.tcache.crop(base)
+        decoder.dcache.crop(base)
     decoder.reset()
     rng = np.random.default_rng(seed)
     noise = [0.5 * np.abs(rng.multinomial(draws, p / p.sum()) / draws - p).sum() for _ in range(20)]

@@ -37,9 +37,9 @@ class TreeShape:
 
     @staticmethod
     def for_budget(budget: int) -> "TreeShape":
-        """The default shape for a node budget (deeper and wider as it grows)."""
-        return TreeShape(budget=budget, depth=max(1, min(8, budget // 2 + 1)), branch=3 if budget >= 6 else 2,
-                         width=max(1, min(4, budget // 3)))
+        """The default shape for a node budget: as deep as the budget (a chain where the draft is confident),
+        two children where it is not, two nodes expanded per level."""
+        return TreeShape(budget=budget, depth=max(1, min(8, budget)), branch=2, width=2)
 
 
 @dataclass
@@ -80,8 +80,11 @@ class TokenTree:
 def pick_children(q: np.ndarray, m: int, sp: SamplingParams, rng: np.random.Generator) -> list[int]:
     """``m`` distinct tokens: the top-m of q (greedy) or m draws from q without replacement (Gumbel top-m)."""
     m = min(m, int((q > 0).sum()))
+    if m <= 0:
+        return []
     if sp.greedy:
-        return [int(t) for t in np.argsort(-q, kind="stable")[:m]]
+        top = np.argpartition(-q, m - 1)[:m]  # O(V), not a full sort of the vocabulary
+        return [int(t) for t in top[np.lexsort((top, -q[top]))]]
     support = np.flatnonzero(q > 0)
     keys = np.log(q[support]) + rng.gumbel(size=len(support))
     return [int(support[i]) for i in np.argsort(-keys)[:m]]
