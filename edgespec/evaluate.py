@@ -123,7 +123,8 @@ def run_eval(decoder, prompts, max_new_tokens: int = 64, k: int = 4, draws: int 
              temperature: float = 0.8, top_p: float = 0.95, progress: bool = True) -> dict:
     """Greedy identity on every prompt, a first-token sampling check and a log-likelihood comparison.
 
-    The sampling and likelihood checks use the first two prompts. Returns a JSON-able dict.
+    The sampling and likelihood checks use the first prompt of two classes, ``chat`` (prose: broad
+    distributions) first when present. Returns a JSON-able dict.
     """
     from tqdm.auto import tqdm
 
@@ -139,13 +140,15 @@ def run_eval(decoder, prompts, max_new_tokens: int = 64, k: int = 4, draws: int 
                               "plain_gap": r["plain_gap"], "near_tie": r["near_tie"], "alpha": r["stats"].alpha,
                               "tokens": len(r["plain_tokens"])})
         bar.update()
-    for p in prompts[:2]:
+    by_class = list({p.cls: p for p in reversed(prompts)}.values())[::-1]  # first prompt of each class
+    firsts = sorted(by_class, key=lambda p: p.cls != "chat")[:2]  # prose (broad p) first, then code
+    for p in firsts:
         ids = decoder.encode(messages=list(p.messages))
         out["sampling"].append({"class": p.cls, **first_token_check(decoder, ids, sp, draws, k)})
         bar.update()
     ll = {"spec": [], "plain": []}
     for s in range(ll_samples):
-        p = prompts[s % min(2, len(prompts))]
+        p = firsts[s % len(firsts)]
         ids = decoder.encode(messages=list(p.messages))
         for mode in ("spec", "plain"):
             decoder.reset()
