@@ -12,7 +12,6 @@ from typing import Iterator
 
 import numpy as np
 
-from .errors import EdgespecError
 from .kpolicy import FixedK, KPolicy
 from .lookup import ngram_lookup
 from .manifest import Manifest, load_manifest

@@ -88,11 +88,6 @@ class Manifest:
     format: int = FORMAT_VERSION
     export_seconds: float | None = None
 
-    @property
-    def vocab_size(self) -> int:
-        """Common logits width used for sampling: the smaller of the two graphs' widths."""
-        return min(self.target.vocab_size, self.draft.vocab_size)
-
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=False)
 

@@ -7,7 +7,6 @@ default to the cache length, so they always equal the number of committed tokens
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -136,8 +135,6 @@ class OnnxLM:
         self._past = [n for pair in spec.past_names() for n in pair]
         self._outputs = ["logits"] + [f"present.{i}.{kind}" for i in range(spec.num_layers)
                                       for kind in ("key", "value")]
-        self.calls = 0
-        self.ms = 0.0
 
     def new_cache(self) -> KVCache:
         return KVCache(self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim)
@@ -156,9 +153,6 @@ class OnnxLM:
         feeds = {"input_ids": ids[None], "position_ids": np.asarray(position_ids, dtype=np.int64)[None],
                  "attention_mask": causal_mask(p, t) if mask is None else mask}
         feeds.update(zip(self._past, cache.tensors))
-        t0 = time.perf_counter()
         out = self.session.run(self._outputs, feeds)
-        self.ms += (time.perf_counter() - t0) * 1e3
-        self.calls += 1
         cache.tensors = out[1:]
         return out[0][0]
