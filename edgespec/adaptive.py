@@ -202,6 +202,7 @@ def calibrate(decoder, k_max: int = 6, context: int = 128, reps: int = 5, use_ca
     prefill = {}
 
     def timed(model, ns):
+        model.forward(ids[:8], model.new_cache())  # warm-up: a session's first run is slower
         cache = model.new_cache()
         t0 = time.perf_counter()
         model.forward(ids[:context], cache)

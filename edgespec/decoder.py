@@ -46,7 +46,7 @@ class SpecDecoder:
         self.manifest = manifest
         self.width = target.spec.vocab_size  # q is defined over the target's vocabulary
         self.kept_ids = None  # int64 (N,): target ids of a pruned draft head's N outputs
-        if draft is not None and draft.spec.kept_token_ids and manifest is not None:
+        if draft is not None and draft.spec.kept_token_ids:
             self.kept_ids = np.load(Path(draft.export_dir) / draft.spec.kept_token_ids)
         self.reset()
 
@@ -212,7 +212,11 @@ class SpecDecoder:
         """Grow a token tree with the draft, one draft run per level (see :mod:`.tree`)."""
         L = len(self.tokens) - 1
         tree = TokenTree()
-        logits = self.draft.forward(self.tokens[self.dcache.length:], self.dcache)[-1:]
+        feed = self.tokens[self.dcache.length:]
+        t0 = time.perf_counter()
+        logits = self.draft.forward(feed, self.dcache)[-1:]
+        ms = (time.perf_counter() - t0) * 1e3
+        self.draft_step_ms, self.catchup = ([ms], (0.0, 0)) if len(feed) == 1 else ([], (ms, len(feed) - 1))
         committed = self.dcache.length  # = L + 1: everything up to and including `last`
         frontier, score, slot = [-1], {-1: 1.0}, {}
         for depth in range(1, shape.depth + 1):
@@ -239,7 +243,9 @@ class SpecDecoder:
                 mask[0, 0, j, start + j] = True
                 slot[c] = start + j
             pos = np.array([L + tree.depth[c] for c in frontier], dtype=np.int64)
+            t0 = time.perf_counter()
             logits = self.draft.forward([tree.tokens[c] for c in frontier], self.dcache, pos, mask)
+            self.draft_step_ms.append((time.perf_counter() - t0) * 1e3)
         return tree
 
     def _tree_round(self, shape: TreeShape, sp: SamplingParams, rng: np.random.Generator,
@@ -267,18 +273,19 @@ class SpecDecoder:
         return [tree.tokens[i] for i in path] + [x], len(path), draft_ms
 
     def _round(self, source: str, k: int, candidate: list[int], sp: SamplingParams, rng: np.random.Generator,
-               p_min: float | None, stats: GenerationStats) -> tuple[list[int], int, float]:
+               p_min: float | None, stats: GenerationStats) -> tuple[list[int], int, float, int]:
         """One target run: a plain step (K = 0), or a proposal from ``source`` (draft chain, tree, or the
-        prompt-lookup ``candidate``) verified by it. Returns (new tokens, accepted proposal tokens, draft ms)."""
+        prompt-lookup ``candidate``) verified by it. Returns (new tokens, accepted proposal tokens, draft ms,
+        the K actually proposed: a chain can stop early, a lookup match can be shorter; a tree's node budget)."""
         if k == 0:
             stats.plain_steps += 1
-            return [self._plain_step(sp, rng)], 0, 0.0
+            return [self._plain_step(sp, rng)], 0, 0.0, 0
         t0 = time.perf_counter()
         if source == "tree":
             stats.tree_rounds += 1
             new, n, draft_ms = self._tree_round(TreeShape.for_budget(k), sp, rng, stats)
             stats.draft_ms += draft_ms
-            return new, n, draft_ms
+            return new, n, draft_ms, k
         if source == "lookup":
             drafted = candidate[:k]
             q = np.zeros((len(drafted), self.width))
@@ -291,7 +298,7 @@ class SpecDecoder:
         new, n = self._spec_round(drafted, q, sp, rng, stats)
         if source == "lookup":
             stats.lookup_accepted += n
-        return new, n, draft_ms
+        return new, n, draft_ms, len(drafted)
 
     # -- generation ------------------------------------------------------------------------------------
 
@@ -360,21 +367,21 @@ class SpecDecoder:
             if L >= self.context_length:
                 stats.stop_reason = "context"
                 break
-            t0 = time.perf_counter()
             k_cap = min(remaining - 1, self.context_length - 1 - L)  # also caps a tree's node count
             candidate = ngram_lookup(self.tokens, k_cap) if use_lookup and mode != "plain" else []
             lag = L + 1 - self.dcache.length if self.dcache is not None else 0
             source, kk = ("draft", 0) if mode == "plain" else policy.choose(len(candidate), lag, remaining)
             kk = max(0, min(kk, k_cap))
-            if source in ("draft", "tree") and self.draft is None:
-                kk = 0  # a policy asked for the draft model of a target-only decoder
-            new, n_from_proposal, draft_ms = self._round(source, kk, candidate, sampling, rng, p_min, stats)
+            if source in ("draft", "tree") and (self.draft is None or mode == "lookup"):
+                kk = 0  # a policy asked for the draft model where there is none, or where lookup only is asked
+            t0 = time.perf_counter()
+            new, n_from_proposal, draft_ms, kk = self._round(source, kk, candidate, sampling, rng, p_min, stats)
             dt = (time.perf_counter() - t0) * 1e3
             stats.verify_ms += dt - draft_ms
             stats.rounds += 1
             stats.k_per_round.append(kk)
             stats.round_ms.append(dt)
-            drafted_now = source == "draft" and kk > 0
+            drafted_now = source in ("draft", "tree") and kk > 0
             step_ms = float(np.median(self.draft_step_ms)) if drafted_now and self.draft_step_ms else None
             catchup_ms, catchup_tokens = self.catchup if drafted_now else (0.0, 0)
             if step_ms is not None and catchup_tokens:

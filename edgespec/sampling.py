@@ -94,7 +94,8 @@ def probs(logits: np.ndarray, sp: SamplingParams, width: int | None = None) -> n
 def sample(dist: np.ndarray, rng: np.random.Generator) -> int:
     """One token id drawn from ``dist`` float (V,), non-negative, not necessarily normalized."""
     c = np.cumsum(dist)
-    return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(c) - 1))
+    i = int(np.searchsorted(c, rng.random() * c[-1], side="right"))
+    return min(i, int(np.flatnonzero(dist)[-1]))  # rounding at the top end never lands on a zero-mass id
 
 
 def accept_reject(draft_tokens: np.ndarray, q: np.ndarray, p: np.ndarray,

@@ -158,3 +158,21 @@ def test_draft_catch_up_is_amortized_over_the_horizon():
     assert pol.choose(lag=1, horizon=200)[1] > 0
     assert pol.choose(lag=400, horizon=8) == ("draft", 0)
     assert pol.choose(lag=400, horizon=10_000)[1] > 0
+
+
+def test_k_per_round_records_what_was_proposed(dec):
+    dec.reset()
+    g = dec.generate("The quick brown", max_new_tokens=40, k=6, draft_p_min=0.99).run()
+    assert sum(g.stats.k_per_round) == g.stats.proposed
+    assert min(k for k in g.stats.k_per_round if k) < 6
+
+
+def test_lookup_mode_never_runs_the_draft_even_if_the_policy_asks(dec):
+    pol = AdaptiveK(CostModel([1.0 + 0.1 * n for n in range(8)], draft_ms=0.05), alpha0=0.95)
+    dec.reset()
+    ids = dec.encode("def add(a, b):")
+    g = dec.generate(input_ids=ids, max_new_tokens=30, k=pol, mode="lookup").run()
+    assert dec.dcache.length == 0 and g.stats.tree_rounds == 0
+    dec.reset()
+    plain = dec.generate(input_ids=ids, max_new_tokens=30, mode="plain").run()
+    assert g.token_ids == plain.token_ids
