@@ -138,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_pos_int, default=None)
     p.add_argument("--cost-curve", action="store_true",
                    help="also measure t(N)/t(1), c, and the speedup Leviathan et al.'s formula predicts")
+    p.add_argument("--repeats", type=_pos_int, default=1,
+                   help="run every (prompt, mode) N times and keep the median-rate run (default %(default)s)")
+    p.add_argument("--new-controller-per-prompt", action="store_true",
+                   help="adaptive modes: a new controller for every prompt (default: one per prompt class, "
+                        "carried across its prompts as chat carries it across turns)")
     p.add_argument("--out", default="edgespec-bench", help="write OUT.json and OUT.png (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the JSON result to stdout")
 
@@ -302,7 +307,7 @@ def _cmd_bench(a) -> int:
     if not json_out.parent.is_dir():
         raise EdgespecError(f"{json_out.parent}: no such directory for --out")
     result = run_bench(d, modes, prompts, a.max_new_tokens, a.temperature, a.seed, a.provider, a.threads,
-                       cost=a.cost_curve, progress=not a.json)
+                       cost=a.cost_curve, progress=not a.json, sessions=not a.new_controller_per_prompt, repeats=a.repeats)
     result["command"] = "edgespec " + " ".join(sys.argv[1:])
     _write_json(json_out, result)
     try:

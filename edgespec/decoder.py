@@ -16,7 +16,7 @@ from .kpolicy import FixedK, KPolicy
 from .lookup import ngram_lookup
 from .manifest import Manifest, load_manifest
 from .onnx_model import KVCache, OnnxLM, use_shared_thread_pool
-from .sampling import SamplingParams, accept_reject, probs, sample
+from .sampling import SamplingParams, accept_reject, greedy_accept, probs, sample
 from .stats import GenerationStats
 from .text import ChatTemplate, IncrementalDetokenizer, load_tokenizer
 from .tree import TokenTree, TreeShape, pick_children, verify_tree
@@ -83,6 +83,7 @@ class SpecDecoder:
     def reset(self) -> None:
         """Forget the conversation: empty both caches."""
         self.tokens: list[int] = []
+        self.track_confidence, self.confidence = False, None  # set per generation for policies that ask
         self.draft_step_ms: list[float] = []  # times of the last proposal's one-token draft steps (ms)
         self.catchup: tuple[float, int] = (0.0, 0)  # the last proposal's catch-up feed: (ms, tokens)
         self.tcache: KVCache = self.target.new_cache()
@@ -121,7 +122,7 @@ class SpecDecoder:
         self.tokens = list(ids)
         pending = ids[self.tcache.length:]
         for i in range(0, len(pending), PREFILL_CHUNK):
-            logits = self.target.forward(pending[i:i + PREFILL_CHUNK], self.tcache)
+            logits = self.target.forward(pending[i:i + PREFILL_CHUNK], self.tcache, keep=1)
         x = sample(probs(logits[-1], sp), rng)
         self.tokens.append(x)
         return x
@@ -129,11 +130,16 @@ class SpecDecoder:
     def _prefill_state(self, ids: list[int]) -> None:
         """Commit ``ids`` with the last one as ``last`` (not cached): the state a round starts from."""
         self.reset()
-        self.target.forward(ids[:-1], self.tcache)
+        self.target.forward(ids[:-1], self.tcache, keep=1)
         self.tokens = list(ids)
 
     def _plain_step(self, sp: SamplingParams, rng: np.random.Generator) -> int:
         logits = self.target.forward(self.tokens[-1:], self.tcache)
+        if self.track_confidence:  # the target's top-1 probability at temperature 1: 1 / sum(exp(z - max z))
+            z = logits[-1]
+            self.confidence = float(1.0 / np.exp(z - z.max()).sum())
+        if sp.greedy:
+            return int(np.argmax(logits[-1]))
         return sample(probs(logits[-1], sp), rng)
 
     def _draft_probs(self, logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
@@ -145,44 +151,53 @@ class SpecDecoder:
         return q
 
     def _propose_draft(self, k: int, sp: SamplingParams, rng: np.random.Generator,
-                       p_min: float | None = None) -> tuple[list[int], np.ndarray]:
+                       p_min: float | None = None) -> tuple[list[int], np.ndarray | None]:
         """Up to K tokens sampled autoregressively from the draft's q; feeds first what the draft has not seen.
 
         With ``p_min``, drafting stops early (after at least one token) once the draft's top probability
         (temperature 1) falls below it, like llama.cpp's ``--draft-p-min``; lossless, as K is then chosen from
-        the draft's own outputs only.
+        the draft's own outputs only. Greedy proposals are the draft's argmax and q is None (not needed by
+        :func:`~edgespec.sampling.greedy_accept`).
         """
         feed, drafted, q = self.tokens[self.dcache.length:], [], []
         self.draft_step_ms, self.catchup = [], (0.0, 0)  # one-token steps; (ms, tokens) of a catch-up feed
         for i in range(k):
             t0 = time.perf_counter()
-            logits = self.draft.forward(feed, self.dcache)[-1]
+            logits = self.draft.forward(feed, self.dcache, keep=1)[-1]
             ms = (time.perf_counter() - t0) * 1e3
             if len(feed) == 1:
                 self.draft_step_ms.append(ms)
-            else:
+            else:  # the feed's time includes drafting the first token (one draft step)
                 self.catchup = (ms, len(feed) - 1)
             if p_min is not None and i > 0 and self._tree_q(logits, SamplingParams(0)).max() < p_min:
                 break
-            q.append(self._draft_probs(logits, sp))
-            drafted.append(sample(q[-1], rng))
+            if sp.greedy:
+                best = int(np.argmax(logits))
+                drafted.append(int(self.kept_ids[best]) if self.kept_ids is not None else best)
+            else:
+                q.append(self._draft_probs(logits, sp))
+                drafted.append(sample(q[-1], rng))
             feed = drafted[-1:]
-        return drafted, np.stack(q)
+        return drafted, (np.stack(q) if q else None)
 
-    def _spec_round(self, drafted: list[int], q: np.ndarray, sp: SamplingParams, rng: np.random.Generator,
+    def _spec_round(self, drafted: list[int], q: np.ndarray | None, sp: SamplingParams, rng: np.random.Generator,
                     stats: GenerationStats) -> tuple[list[int], int]:
         """Verify, accept and roll back one proposal (Leviathan et al. 2023, Algorithm 1).
 
         Invariant on entry: the target cache holds positions 0..L-1 of ``self.tokens``; ``self.tokens[L]``
         (``last``) is committed but not cached; the draft cache holds 0..Ld-1 with Ld ≤ L + K (it lags after
         plain steps, lookup rounds or full acceptance, and catches up in the next draft proposal).
-        ``drafted`` int (K,) was sampled from ``q`` float (K, V). Returns (new tokens, accepted count).
+        ``drafted`` int (K,) was sampled from ``q`` float (K, V) (greedy: q None, one-hot implied).
+        Returns (new tokens, accepted count).
         """
         L, k = len(self.tokens) - 1, len(drafted)
         # 2. verify: the target scores `last` and all K drafted tokens in one run → p (K+1, V)
-        p = probs(self.target.forward([self.tokens[-1]] + drafted, self.tcache), sp)
+        logits = self.target.forward([self.tokens[-1]] + drafted, self.tcache)
         # 3. accept: min(1, p/q) per token; correction from norm(max(0, p-q)) or a bonus token from p_{K+1}
-        n, x = accept_reject(np.asarray(drafted), q, p, rng)
+        if sp.greedy:
+            n, x = greedy_accept(np.asarray(drafted), logits)
+        else:
+            n, x = accept_reject(np.asarray(drafted), q, probs(logits, sp), rng)
         self._roll_back(L, list(range(n)), draft_kept=n)
         stats.proposed += k
         stats.accepted += n
@@ -214,7 +229,7 @@ class SpecDecoder:
         tree = TokenTree()
         feed = self.tokens[self.dcache.length:]
         t0 = time.perf_counter()
-        logits = self.draft.forward(feed, self.dcache)[-1:]
+        logits = self.draft.forward(feed, self.dcache, keep=1)
         ms = (time.perf_counter() - t0) * 1e3
         self.draft_step_ms, self.catchup = ([ms], (0.0, 0)) if len(feed) == 1 else ([], (ms, len(feed) - 1))
         committed = self.dcache.length  # = L + 1: everything up to and including `last`
@@ -277,9 +292,22 @@ class SpecDecoder:
         """One target run: a plain step (K = 0), or a proposal from ``source`` (draft chain, tree, or the
         prompt-lookup ``candidate``) verified by it. Returns (new tokens, accepted proposal tokens, draft ms,
         the K actually proposed: a chain can stop early, a lookup match can be shorter; a tree's node budget)."""
-        if k == 0:
+        if k == 0 or source == "catchup":
             stats.plain_steps += 1
-            return [self._plain_step(sp, rng)], 0, 0.0, 0
+            x = self._plain_step(sp, rng)
+            if source != "catchup" or self.dcache is None:
+                return [x], 0, 0.0, 0
+            # a plain step, then up to K tokens of the draft's lag (a catch-up sized to a latency budget); the
+            # last committed token stays unfed, so the next proposal still starts with a feed
+            start = self.dcache.length
+            feed = self.tokens[start:max(start, min(start + k, len(self.tokens) - 1))]
+            t0 = time.perf_counter()
+            if feed:
+                self.draft.forward(feed, self.dcache, keep=1)
+            ms = (time.perf_counter() - t0) * 1e3
+            self.catchup, self.draft_step_ms = (ms, len(feed)), []
+            stats.draft_ms += ms
+            return [x], 0, ms, 0
         t0 = time.perf_counter()
         if source == "tree":
             stats.tree_rounds += 1
@@ -287,9 +315,10 @@ class SpecDecoder:
             stats.draft_ms += draft_ms
             return new, n, draft_ms, k
         if source == "lookup":
-            drafted = candidate[:k]
-            q = np.zeros((len(drafted), self.width))
-            q[np.arange(len(drafted)), drafted] = 1.0  # one-hot q: accepted with probability p(x)
+            drafted, q = candidate[:k], None
+            if not sp.greedy:
+                q = np.zeros((len(drafted), self.width))
+                q[np.arange(len(drafted)), drafted] = 1.0  # one-hot q: accepted with probability p(x)
             stats.lookup_rounds += 1
         else:
             drafted, q = self._propose_draft(k, sp, rng, p_min)
@@ -346,48 +375,59 @@ class SpecDecoder:
         t_start = time.perf_counter()
         new, n_from_proposal = [self._prefill(input_ids, sampling, rng)], 0
         stats.prefill_ms = (time.perf_counter() - t_start) * 1e3
-        while True:
-            room = max_new_tokens - stats.new_tokens
-            stop = next((i for i, t in enumerate(new) if t in self.stop_ids), None)
-            if stop is not None and stop < room:
-                new, stats.stop_reason = new[:stop], "stop_token"
-                stats.new_tokens += 1  # the stop token was generated, not emitted
-            else:
-                stop, new = None, new[:room]
-            stats.new_tokens += len(new)
-            yield new, min(n_from_proposal, len(new))
-            stats.wall_ms = (time.perf_counter() - t_start) * 1e3
-            if stop is not None:
-                break
-            remaining = max_new_tokens - stats.new_tokens
-            L = len(self.tokens) - 1
-            if remaining <= 0:
-                stats.stop_reason = "max_new_tokens"
-                break
-            if L >= self.context_length:
-                stats.stop_reason = "context"
-                break
-            k_cap = min(remaining - 1, self.context_length - 1 - L)  # also caps a tree's node count
-            candidate = ngram_lookup(self.tokens, k_cap) if use_lookup and mode != "plain" else []
-            lag = L + 1 - self.dcache.length if self.dcache is not None else 0
-            source, kk = ("draft", 0) if mode == "plain" else policy.choose(len(candidate), lag, remaining)
-            kk = max(0, min(kk, k_cap))
-            if source in ("draft", "tree") and (self.draft is None or mode == "lookup"):
-                kk = 0  # a policy asked for the draft model where there is none, or where lookup only is asked
-            t0 = time.perf_counter()
-            new, n_from_proposal, draft_ms, kk = self._round(source, kk, candidate, sampling, rng, p_min, stats)
-            dt = (time.perf_counter() - t0) * 1e3
-            stats.verify_ms += dt - draft_ms
-            stats.rounds += 1
-            stats.k_per_round.append(kk)
-            stats.round_ms.append(dt)
-            drafted_now = source in ("draft", "tree") and kk > 0
-            step_ms = float(np.median(self.draft_step_ms)) if drafted_now and self.draft_step_ms else None
-            catchup_ms, catchup_tokens = self.catchup if drafted_now else (0.0, 0)
-            if step_ms is not None and catchup_tokens:
-                catchup_ms = max(catchup_ms - step_ms, 0.0)  # the catch-up feed also drafted the first token
-            policy.observe(source, kk, n_from_proposal, step_ms, dt, catchup_ms, catchup_tokens)
-            self.tokens.extend(new)
+        begin, end = getattr(policy, "begin", None), getattr(policy, "end", None)
+        on_confidence = getattr(policy, "observe_confidence", None) if mode != "plain" else None
+        self.track_confidence = on_confidence is not None
+        if begin is not None:
+            begin()
+        try:
+            while True:
+                room = max_new_tokens - stats.new_tokens
+                stop = next((i for i, t in enumerate(new) if t in self.stop_ids), None)
+                if stop is not None and stop < room:
+                    new, stats.stop_reason = new[:stop], "stop_token"
+                    stats.new_tokens += 1  # the stop token was generated, not emitted
+                else:
+                    stop, new = None, new[:room]
+                stats.new_tokens += len(new)
+                yield new, min(n_from_proposal, len(new))
+                stats.wall_ms = (time.perf_counter() - t_start) * 1e3
+                if stop is not None:
+                    break
+                remaining = max_new_tokens - stats.new_tokens
+                L = len(self.tokens) - 1
+                if remaining <= 0:
+                    stats.stop_reason = "max_new_tokens"
+                    break
+                if L >= self.context_length:
+                    stats.stop_reason = "context"
+                    break
+                k_cap = min(remaining - 1, self.context_length - 1 - L)  # also caps a tree's node count
+                candidate = ngram_lookup(self.tokens, k_cap) if use_lookup and mode != "plain" else []
+                lag = L + 1 - self.dcache.length if self.dcache is not None else 0
+                source, kk = ("draft", 0) if mode == "plain" else policy.choose(len(candidate), lag, remaining)
+                kk = max(0, kk if source == "catchup" else min(kk, k_cap))
+                if source in ("draft", "tree", "catchup") and (self.draft is None or mode == "lookup"):
+                    source, kk = "draft", 0  # the draft model was asked for where there is none, or lookup only
+                t0 = time.perf_counter()
+                new, n_from_proposal, draft_ms, kk = self._round(source, kk, candidate, sampling, rng, p_min, stats)
+                dt = (time.perf_counter() - t0) * 1e3
+                stats.verify_ms += dt - draft_ms
+                stats.rounds += 1
+                stats.k_per_round.append(kk)
+                stats.round_ms.append(dt)
+                drafted_now = source in ("draft", "tree") and kk > 0
+                step_ms = float(np.median(self.draft_step_ms)) if drafted_now and self.draft_step_ms else None
+                catchup_ms, catchup_tokens = self.catchup if drafted_now or source == "catchup" else (0.0, 0)
+                policy.observe(source, kk, n_from_proposal, step_ms, dt, catchup_ms, catchup_tokens)
+                if on_confidence is not None and kk == 0 and self.confidence is not None:
+                    on_confidence(self.confidence)
+                    self.confidence = None
+                self.tokens.extend(new)
+        finally:  # also when the caller stops iterating early
+            self.track_confidence = False
+            if end is not None:
+                end(stats.new_tokens)
         stats.wall_ms = (time.perf_counter() - t_start) * 1e3
 
     def generate(self, prompt: str | None = None, *, messages: list[dict] | None = None,

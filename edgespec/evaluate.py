@@ -73,7 +73,7 @@ def first_token_check(decoder, input_ids: list[int], sp: SamplingParams, draws: 
     and returns ``tv`` and ``tv_noise`` (mean TV of ``draws`` direct samples from p, 20 repeats).
     """
     decoder.reset()
-    p = probs(decoder.target.forward(input_ids, decoder.target.new_cache())[-1], sp)
+    p = probs(decoder.target.forward(input_ids, decoder.target.new_cache(), keep=1)[-1], sp)
     counts = np.zeros_like(p)
     decoder._prefill_state(input_ids)
     base = decoder.tcache.length

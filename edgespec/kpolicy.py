@@ -12,7 +12,11 @@ class KPolicy(Protocol):
     """Chooses the proposal source and K before a round and learns from its outcome."""
 
     def choose(self, lookup: int = 0, lag: int = 0, horizon: int | None = None) -> tuple[str, int]:
-        """``("draft", K)``, ``("tree", nodes)`` or ``("lookup", K)``; K = 0 is a plain target step.
+        """``("draft", K)``, ``("tree", nodes)`` or ``("lookup", K)``; K = 0 is a plain target step;
+        ``("catchup", m)`` is a plain target step after which the draft is fed up to m of the tokens it lags.
+        Optional hooks the decoder calls when a policy has them: ``begin()`` after the prefill,
+        ``end(new_tokens)`` when the answer ends, ``observe_confidence(top1)`` after each plain step with the
+        target's top-1 probability.
 
         ``lookup``: how many tokens prompt lookup can propose now (0: none, or lookup is off); ``lag``: tokens
         the draft must catch up on before it can draft; ``horizon``: new tokens still allowed."""
@@ -20,8 +24,9 @@ class KPolicy(Protocol):
     def observe(self, source: str, k: int, accepted: int, draft_step_ms: float | None, round_ms: float,
                 catchup_ms: float = 0.0, catchup_tokens: int = 0) -> None:
         """A round from ``source`` with draft length ``k`` accepted ``accepted`` tokens; the median time of
-        its one-token draft steps (None if it had none), the whole round's wall time, and the part of it the
-        draft spent catching up on ``catchup_tokens`` tokens, in ms."""
+        its one-token draft steps (None if it had none), the whole round's wall time, and the time of the
+        draft's catch-up feed of ``catchup_tokens`` unseen tokens, in ms (for a draft or tree round that feed
+        also drafted the first token; for a ``"catchup"`` round it is the catch-up alone)."""
 
 
 class FixedK:

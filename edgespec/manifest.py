@@ -41,6 +41,8 @@ class GraphSpec:
     (True = query may attend to that key; expresses causal, padding and tree masks);
     ``past_key_values.{i}.key|value`` float32 (B, kv_heads, P, head_dim).
     Outputs: ``logits`` float32 (B, T, vocab_size); ``present.{i}.key|value`` float32 (B, kv_heads, P+T, head_dim).
+    Optional input (graph format 2, an overridable initializer, so not in ``input_names``): ``logits_keep``
+    int64 (1,) = N > 0 computes ``logits`` for the last N rows only, float32 (B, N, vocab_size); 0 = all.
     """
 
     path: str

@@ -135,16 +135,20 @@ class OnnxLM:
         self._past = [n for pair in spec.past_names() for n in pair]
         self._outputs = ["logits"] + [f"present.{i}.{kind}" for i in range(spec.num_layers)
                                       for kind in ("key", "value")]
+        # exports since graph format 2 can compute the head for the last rows only (see forward's ``keep``)
+        self.has_logits_keep = any(i.name == "logits_keep" for i in self.session.get_overridable_initializers())
 
     def new_cache(self) -> KVCache:
         return KVCache(self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim)
 
     def forward(self, ids, cache: KVCache, position_ids: np.ndarray | None = None,
-                mask: np.ndarray | None = None) -> np.ndarray:
+                mask: np.ndarray | None = None, keep: int = 0) -> np.ndarray:
         """Run ``ids`` int64 (T,) after the cached positions; appends T positions to ``cache``.
 
         ``position_ids`` int64 (T,) defaults to ``cache.length + arange(T)``; ``mask`` bool (1, 1, T, P+T)
-        defaults to causal. Returns logits float32 (T, V).
+        defaults to causal. Returns logits float32 (T, V), or with ``keep`` = N > 0 those of the last N rows
+        only, (min(N, T), V): the graph then skips the output head for the other rows (a prefill or catch-up
+        needs one row), if the export has the ``logits_keep`` input; older exports slice afterwards.
         """
         ids = np.asarray(ids, dtype=np.int64)
         p, t = cache.length, len(ids)
@@ -153,6 +157,8 @@ class OnnxLM:
         feeds = {"input_ids": ids[None], "position_ids": np.asarray(position_ids, dtype=np.int64)[None],
                  "attention_mask": causal_mask(p, t) if mask is None else mask}
         feeds.update(zip(self._past, cache.tensors))
+        if keep > 0 and self.has_logits_keep:
+            feeds["logits_keep"] = np.array([keep], dtype=np.int64)
         out = self.session.run(self._outputs, feeds)
         cache.tensors = out[1:]
-        return out[0][0]
+        return out[0][0][-keep:] if keep > 0 else out[0][0]

@@ -123,3 +123,23 @@ def accept_reject(draft_tokens: np.ndarray, q: np.ndarray, p: np.ndarray,
             residual = p[i]
         return i, sample(residual, rng)
     return k, sample(p[k], rng)
+
+
+def greedy_accept(draft_tokens: np.ndarray, target_logits: np.ndarray) -> tuple[int, int]:
+    """:func:`accept_reject` at temperature 0, without building one-hot distributions over the vocabulary.
+
+    With one-hot p and q, draft token i is accepted iff it is the target's argmax at i, and the correction
+    (or the bonus token) is the target's argmax at the first mismatch (or after the last draft token).
+
+    Args:
+        draft_tokens: int64 (K,) proposed ids.
+        target_logits: float32 (K+1, V) the target's logits at the same positions, plus one.
+
+    Returns:
+        ``(n, token)`` as :func:`accept_reject`.
+    """
+    best = np.argmax(target_logits, axis=-1)  # first index on ties, as probs() does
+    k = len(draft_tokens)
+    miss = np.flatnonzero(best[:k] != np.asarray(draft_tokens, dtype=np.int64))
+    n = int(miss[0]) if len(miss) else k
+    return n, int(best[n])

@@ -31,7 +31,7 @@ from .load import ModelInfo, check_pair, describe, load_weights
 from .quantize import PRECISIONS, quantize
 from .sources import Source, resolve_model, resolve_recipe_model
 
-GRAPH_FORMAT = 1  # bump when the traced graph changes, to invalidate cached graphs
+GRAPH_FORMAT = 2  # 2: optional logits_keep input. Bump when the traced graph changes, to invalidate cached graphs
 QUANT_POSITIONS = 256
 
 

@@ -55,15 +55,29 @@ def test_low_acceptance_switches_to_plain_and_probes_to_recover():
 
 
 def test_latency_budget_is_respected():
+    """Round(K) = 100 + 15 K ms. Before any round the budget plans with 1.15× the model (K = 2: 149.5 ms ≤ 160);
+    rounds measured faster than the model let K grow, slower ones shrink it."""
     cost = CostModel(list(LINEAR), draft_ms=5.0)
     pol = AdaptiveK(cost, alpha0=0.95, latency_budget_ms=160.0)
     src, k = pol.choose()
-    assert k == 4 and pol.predicted_ms(src, k) <= 160.0  # round(K) = 100 + 15 K ms
-    for _ in range(20):  # rounds measured 20% slower than the model: the budget allows a smaller K
-        pol.observe("draft", k, k, None, 1.2 * cost.round_ms(k))
-    k2 = pol.choose()[1]
-    assert k2 == 2 and pol.predicted_ms("draft", k2) <= 160.0
+    assert k == 2 and 1.15 * cost.round_ms(k) <= 160.0 < 1.15 * cost.round_ms(k + 1)
+    for _ in range(20):  # measured at 0.95× the model: K = 4 (152 ms) fits
+        pol.observe("draft", k, k, None, 0.95 * cost.round_ms(k))
+    assert pol.choose() == ("draft", 4)
+    for _ in range(20):  # then 20% slower: back to K = 2 (156 ms)
+        pol.observe("draft", 4, 4, None, 1.2 * cost.round_ms(4))
+    assert pol.choose() == ("draft", 2)
     assert AdaptiveK(CostModel(list(LINEAR), draft_ms=5.0), alpha0=0.95).choose()[1] > 4
+
+
+def test_budget_splits_a_long_catch_up_into_plain_rounds():
+    """A catch-up that does not fit the budget runs in pieces after plain steps, each round within it."""
+    cost = CostModel(list(LINEAR), draft_ms=5.0, draft_prefill_ms=2.0)
+    pol = AdaptiveK(cost, alpha0=0.95, latency_budget_ms=160.0)
+    pol.end(1000)  # earlier answers were long: the catch-up pays
+    src, m = pol.choose(lag=200)  # 398 ms of catch-up
+    assert src == "catchup" and m == int((160.0 - 1.15 * 100.0) // (1.15 * 2.0))
+    assert pol.choose(lag=10)[0] == "draft"  # 18 ms of catch-up fits beside K = 1 or 2
 
 
 def test_lookup_is_preferred_when_it_is_accepted_and_free():
@@ -152,12 +166,48 @@ def test_draft_p_min_stops_drafting_early_and_stays_lossless(dec):
     assert g.stats.proposed < 6 * g.stats.rounds  # some rounds stopped before K
 
 
-def test_draft_catch_up_is_amortized_over_the_horizon():
-    """A long stretch the draft has not seen costs a catch-up; it pays only over enough remaining tokens."""
+def test_draft_catch_up_is_amortized_over_the_expected_answer_length():
+    """A stretch the draft has not seen costs a catch-up; it pays only over enough expected remaining tokens."""
     pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=5.0, draft_prefill_ms=2.0), alpha0=0.75)
-    assert pol.choose(lag=1, horizon=200)[1] > 0
-    assert pol.choose(lag=400, horizon=8) == ("draft", 0)
-    assert pol.choose(lag=400, horizon=10_000)[1] > 0
+    assert pol.choose(lag=1, horizon=200)[1] > 0  # nothing to catch up
+    assert pol.choose(lag=400, horizon=10_000) == ("draft", 0)  # no history: expect as many tokens as so far
+    pol.end(5000)
+    pol.begin()
+    assert pol.choose(lag=400, horizon=8) == ("draft", 0)  # only 8 tokens may follow
+    assert pol.choose(lag=400, horizon=10_000)[1] > 0  # the last answer ran 5000 tokens
+
+
+def test_without_history_the_draft_starts_once_the_answer_has_run_long_enough():
+    """Rent or buy: with no earlier answers, the catch-up (40+ tokens × 20 ms) is paid once the tokens already
+    generated would have paid for it (here after about 19), so short answers never pay it."""
+    pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=5.0, draft_prefill_ms=20.0), alpha0=0.9)
+    starts = None
+    for n in range(60):
+        src, k = pol.choose(lag=40 + n, horizon=1000)
+        if k > 0:
+            starts = n
+            break
+        pol.observe("draft", 0, 0, None, 100.0)
+    assert starts is not None and 15 < starts < 25
+    assert pol.expected_remaining(1000) == starts
+    short = AdaptiveK(CostModel(list(LINEAR), draft_ms=5.0, draft_prefill_ms=20.0), alpha0=0.9)
+    for _ in range(3):
+        short.begin()
+        short.end(6)  # answers of 6 tokens: the catch-up never pays within them
+    short.begin()
+    for n in range(5):
+        assert short.choose(lag=40 + n, horizon=1000) == ("draft", 0)
+        short.observe("draft", 0, 0, None, 100.0)
+
+
+def test_target_confidence_stands_in_for_acceptance_before_any_draft_round():
+    pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=5.0), alpha0=0.7)
+    assert pol.alpha() == pytest.approx(0.7)
+    for c in (0.9, 0.95, 1.0):
+        pol.observe_confidence(c)
+    assert pol.alpha() == pytest.approx((4 * 0.7 + 0.9 + 0.95 + 1.0) / 7)  # the prior weighs as 4 steps
+    pol.observe("draft", 2, 0, None, 120.0)  # measured acceptance takes over
+    assert pol.alpha() < 0.7
 
 
 def test_k_per_round_records_what_was_proposed(dec):

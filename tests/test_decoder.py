@@ -173,3 +173,40 @@ def test_greedy_check_reports_identity(dec):
 
     r = greedy_check(dec, dec.encode("class Node:\n"), 30, k=3)
     assert r["identical"] and r["first_divergence"] is None and r["plain_tokens"] == r["spec_tokens"]
+
+
+class _SourceSchedule:
+    """Cycles through (source, K) pairs, checking the cache invariants and the draft's catch-up pieces."""
+
+    def __init__(self, schedule, decoder):
+        self.schedule, self.i, self.d = schedule, 0, decoder
+        self.before, self.catchups = None, []
+
+    def choose(self, lookup=0, lag=0, horizon=None):
+        d = self.d
+        assert d.tcache.length == len(d.tokens) - 1 and d.dcache.length <= d.tcache.length
+        assert lag == len(d.tokens) - d.dcache.length
+        src, k = self.schedule[self.i % len(self.schedule)]
+        self.i += 1
+        self.before = (src, k, lag, d.dcache.length)
+        return src, k
+
+    def observe(self, source, k, accepted, draft_step_ms, round_ms, catchup_ms=0.0, catchup_tokens=0):
+        src, m, lag, before = self.before
+        if src == "catchup":
+            fed = min(m, lag - 1)  # never the last committed token: the next proposal needs a feed
+            assert k == 0 and accepted == 0 and catchup_tokens == fed
+            assert self.d.dcache.length == before + fed
+            self.catchups.append(fed)
+
+
+def test_catch_up_rounds_advance_the_draft_and_keep_greedy_output(dec):
+    """("catchup", m): a plain target step plus m tokens of the draft's lag; output still equals plain."""
+    ids = _ids(dec, "def add(a, b):")
+    plain = _plain(dec, ids, 60)
+    dec.reset()
+    pol = _SourceSchedule([("draft", 0), ("draft", 0), ("catchup", 2), ("catchup", 50), ("draft", 3)], dec)
+    g = dec.generate(input_ids=ids, max_new_tokens=60, k=pol).run()
+    assert g.token_ids == plain.token_ids
+    assert pol.catchups and max(pol.catchups) > 2 and g.stats.draft_ms > 0
+    assert set(g.stats.k_per_round) <= {0, 1, 2, 3} and 3 in g.stats.k_per_round  # catch-up rounds record K = 0

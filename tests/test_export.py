@@ -31,6 +31,29 @@ def test_manifest_and_graph_contract(tiny_export):
     assert eos in m.special_tokens.stop and m.tokenizer_sha256
 
 
+def test_logits_keep_runs_the_head_on_the_last_rows_only(tiny_export):
+    """The optional ``logits_keep`` input: default every row; N gives the last N rows, equal to the full run's."""
+    from edgespec.onnx_model import OnnxLM
+
+    m = load_manifest(tiny_export)
+    lm = OnnxLM(m.target, tiny_export)
+    assert lm.has_logits_keep
+    ids = [5, 9, 3, 7, 11]
+    full = lm.forward(ids, lm.new_cache())
+    for n in (1, 2, 5):
+        part = lm.forward(ids, lm.new_cache(), keep=n)
+        assert part.shape == (n, m.target.vocab_size)
+        np.testing.assert_allclose(part, full[-n:], atol=1e-5)
+    feeds = {"input_ids": np.array([ids]), "position_ids": np.arange(5)[None],
+             "attention_mask": np.tril(np.ones((5, 5), dtype=bool))[None, None],
+             "logits_keep": np.array([2])}
+    for i in range(m.target.num_layers):
+        for kind in ("key", "value"):
+            feeds[f"past_key_values.{i}.{kind}"] = np.zeros((1, m.target.num_kv_heads, 0, m.target.head_dim),
+                                                            dtype=np.float32)
+    assert lm.session.run(["logits"], feeds)[0].shape == (1, 2, m.target.vocab_size)  # the graph itself slices
+
+
 def test_tree_mask_is_honoured(tiny_export):
     """A per-query mask: two sibling candidates at the same position see the shared prefix, not each other."""
     from edgespec.onnx_model import OnnxLM, causal_mask

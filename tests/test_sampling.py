@@ -106,3 +106,21 @@ def test_speculative_sampling_matches_target_distribution(pruned):
     assert _tv(second.sum(0) / draws, joint.sum(0)) < 0.01
     # the joint has 64 cells: its sampling noise alone is ~0.014 at 50,000 draws
     assert _tv(second.ravel() / draws, joint.ravel()) < 0.025
+
+
+def test_greedy_accept_is_accept_reject_on_one_hot_distributions():
+    """The temperature-0 shortcut gives exactly what the general rule gives on one-hot p and q."""
+    from edgespec.sampling import greedy_accept
+
+    rng = np.random.default_rng(3)
+    greedy = SamplingParams(0.0)
+    for _ in range(200):
+        k, v = int(rng.integers(1, 6)), 7
+        logits = rng.normal(size=(k + 1, v)).astype(np.float32)
+        logits[:, 2] = logits[:, 3]  # ties resolve to the first index in both
+        best = logits.argmax(-1)
+        drafted = np.where(rng.random(k) < 0.7, best[:k], rng.integers(0, v, size=k))
+        q = np.zeros((k, v))
+        q[np.arange(k), drafted] = 1.0
+        expect = accept_reject(drafted, q, probs(logits, greedy), rng)
+        assert greedy_accept(drafted, logits) == expect
