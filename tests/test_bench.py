@@ -52,6 +52,22 @@ def test_bench_writes_json_and_png(tiny_export, home, prompts_file, tmp_path):
     assert res["peak_rss_mb"] > 0
 
 
+def test_adaptive_controllers_carry_across_a_class_and_repeats_start_from_the_same_state(tiny_export, home,
+                                                                                          prompts_file):
+    from edgespec.bench import run_bench
+    from edgespec.prompts import load_file
+
+    prompts = load_file(prompts_file)
+    res = run_bench(tiny_export, ["plain", "adaptive"], prompts, max_new_tokens=8, progress=False, repeats=3)
+    runs = [r for r in res["runs"] if r["mode"] == "adaptive"]
+    assert [r["warm_controller"] for r in runs] == [False, True, False, False]  # code, code, chat, voice
+    assert all(len(r["decode_tok_s_repeats"]) == 3 for r in res["runs"])
+    assert all(sorted(r["decode_tok_s_repeats"])[1] == r["decode_tok_s"] for r in res["runs"])  # the median run
+    assert res["summary"]["adaptive"]["code"]["speedup_decode_new_controller"] is not None
+    cold = run_bench(tiny_export, ["plain", "adaptive"], prompts, max_new_tokens=8, progress=False, sessions=False)
+    assert not any(r["warm_controller"] for r in cold["runs"])
+
+
 def test_speedups_are_paired_ratios():
     runs = []
     for prompt, (plain, spec) in enumerate([(10.0, 20.0), (10.0, 5.0), (1.0, 3.0)]):
