@@ -91,7 +91,7 @@ class AdaptiveK:
         # expectation at the tree's depth) so that every budget gets tried
         self.tree_budgets = tree_budgets if tree and has_draft else ()
         self.tree_accepted = {b: expected_tokens(TreeShape.for_budget(b).depth, alpha0) - 1 for b in self.tree_budgets}
-        self.draft_rounds = 0  # draft rounds observed over this controller's life
+        self.draft_rounds = self.lookup_rounds = 0  # rounds observed over this controller's life
         self.conf_sum, self.conf_n = 0.0, 0  # the target's top-1 probabilities at plain steps (this answer)
         self.lengths: list[int] = []  # new tokens of this controller's finished answers, newest last
         self.generated = 0  # new tokens of the current answer so far
@@ -193,6 +193,9 @@ class AdaptiveK:
         if self.tree_budgets:
             options.append(("tree", *self._best("tree", self.tree_budgets, catchup, remaining)))
         if lookup:
+            if not self.lookup_rounds and lookup >= 2 and self._fits("lookup", min(lookup, self.k_max)):
+                self.plain_run = 0  # never tried: one try costs only the extra verified rows, so learn its alpha
+                return "lookup", min(lookup, self.k_max)
             options.append(("lookup", *self._best("lookup", range(1, min(lookup, self.k_max) + 1))))
         source, k, rate = max(options, key=lambda o: o[2], default=("draft", 0, -1.0))
         # must beat plain decoding by a margin; a larger one when it means paying a catch-up now (a sure cost
@@ -251,6 +254,8 @@ class AdaptiveK:
             return
         if source == "draft":
             self.draft_rounds += 1
+        elif source == "lookup":
+            self.lookup_rounds += 1
         c = self.counts[source]
         c[0] = self.decay * c[0] + accepted
         c[1] = self.decay * c[1] + int(accepted < k)

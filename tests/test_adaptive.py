@@ -80,6 +80,15 @@ def test_budget_splits_a_long_catch_up_into_plain_rounds():
     assert pol.choose(lag=10)[0] == "draft"  # 18 ms of catch-up fits beside K = 1 or 2
 
 
+def test_lookup_is_tried_once_before_its_estimate_counts():
+    """The draft looks better on the prior, but lookup costs only extra verified rows: it gets one try."""
+    pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=5.0), alpha0=0.95, lookup_alpha0=0.5)
+    assert pol.choose(lookup=1)[0] == "draft"  # a one-token match is not worth a try
+    assert pol.choose(lookup=4) == ("lookup", 4)
+    pol.observe("lookup", 4, 0, None, pol._model_ms("lookup", 4))
+    assert pol.choose(lookup=4)[0] == "draft"  # tried, rejected: the estimates decide from now on
+
+
 def test_lookup_is_preferred_when_it_is_accepted_and_free():
     pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=40.0), alpha0=0.6, lookup_alpha0=0.9)
     src, k = pol.choose(lookup=5)
