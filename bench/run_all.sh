@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Re-runs every benchmark recorded in docs/benchmarks.md (about 25 minutes on the 2-core CI machine).
+# Re-runs every benchmark recorded in docs/benchmarks.md (about an hour on the 2-core CI machine).
 # Needs the default pair exported (edgespec export) and the pruned-draft variant:
 #   edgespec export --draft-vocab 32768 --out ~/.cache/edgespec/exports/qwen2.5-coder-1.5b+0.5b-v32k
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=bench/results
-edgespec bench --modes plain,k1,k2,k4,k6,adaptive,lookup,adaptive+lookup,tree8,adaptive+tree \
-  --latency-budget-ms 80 --per-class 3 --cost-curve --out $out/default-int4
+edgespec bench --modes plain,k2,k4,adaptive,lookup,adaptive+lookup,adaptive+tree,adaptive@80 \
+  --per-class 3 --repeats 3 --cost-curve --out $out/default-int4
 edgespec bench ~/.cache/edgespec/exports/qwen2.5-coder-1.5b+0.5b-v32k \
-  --modes plain,k2,k4,adaptive,adaptive+lookup --per-class 3 --cost-curve --out $out/draftvocab32k-int4
+  --modes plain,k2,adaptive,adaptive+lookup --per-class 3 --repeats 3 --cost-curve --out $out/draftvocab32k-int4
 edgespec bench --modes plain,k4,tree4,k8,tree8 --per-class 2 --out $out/tree-vs-chain-int4
 edgespec eval --out $out/eval-default-int4.json
+python bench/microbench.py
