@@ -224,10 +224,14 @@ class AdaptiveK:
         return "draft", 0
 
     def _catchup_round(self, lag: int) -> tuple[str, int]:
-        """A plain step plus as much of the draft's catch-up as the budget leaves room for (≥ 1 token)."""
-        room = self.budget - self._high_ms("draft", 0)
-        m = int(room // max(1.15 * self.catchup_ms, 1e-3))  # smaller feeds run slower per token than large ones
-        return ("catchup", min(m, lag - 1)) if m >= 1 else ("draft", 0)
+        """A plain step plus as much of the draft's catch-up as the budget leaves room for: a feed of m tokens
+        costs about one draft step plus m - 1 tokens of catch-up (with a 15% margin); a plain step if not even
+        one token fits."""
+        room = self.budget - self._high_ms("draft", 0) - 1.15 * self.cost.draft_ms
+        if room < 0:
+            return "draft", 0
+        m = 1 + int(room // max(1.15 * self.catchup_ms, 1e-3))
+        return "catchup", min(m, lag)
 
     def observe(self, source: str, k: int, accepted: int, draft_step_ms: float | None, round_ms: float,
                 catchup_ms: float = 0.0, catchup_tokens: int = 0) -> None:

@@ -148,7 +148,8 @@ def summarize(runs: list[dict], modes: list[str]) -> dict:
                 "speedup_decode_new_controller": _median([r["decode_tok_s"] / plain[r["prompt"]]["decode_tok_s"]
                                                           for r in sel if r.get("warm_controller") is False
                                                           and r["mode"].startswith(("adaptive", "lookup"))
-                                                          and r["prompt"] in plain]),
+                                                          and r["prompt"] in plain
+                                                          and plain[r["prompt"]]["decode_tok_s"] > 0]),
                 "speedup_e2e_median": float(np.median(sp_e2e)) if sp_e2e else None,
                 "alpha": acc / ev if ev else None,
                 "mean_accepted_length": float(np.mean([r["mean_accepted_length"] for r in sel])),
@@ -205,7 +206,8 @@ def run_bench(export_dir: str | Path, modes: list[str], prompts: list[Prompt], m
     its record). ``sessions=False`` gives every prompt a new controller.
 
     ``repeats``: every prompt runs all modes that many times (interleaved, each adaptive repeat from the same
-    controller state); each (prompt, mode) keeps the repeat with the median decode rate (short answers of a
+    controller state); each (prompt, mode) keeps the repeat with the median decode rate (the lower middle one
+    for an even count) (short answers of a
     few hundred ms vary by ±15% between runs here)."""
     from tqdm.auto import tqdm
 
@@ -239,7 +241,7 @@ def run_bench(export_dir: str | Path, modes: list[str], prompts: list[Prompt], m
                 reps[mode.name].append((run_one(spec, mode, prompt, max_new_tokens, sp, seed + i, policy), policy))
         for mode in order:
             rs = sorted(reps[mode.name], key=lambda rp: rp[0]["decode_tok_s"])
-            rec, policy = rs[len(rs) // 2]
+            rec, policy = rs[(len(rs) - 1) // 2]  # the median (the lower middle one for an even count)
             if start[mode.name] is not None:
                 controllers[(mode.name, prompt.cls)] = policy  # the session goes on from the kept repeat
             rec["decode_tok_s_repeats"] = [rp[0]["decode_tok_s"] for rp in rs]

@@ -171,8 +171,8 @@ class SpecDecoder:
                 self.catchup = (ms, len(feed) - 1)
             if p_min is not None and i > 0 and self._tree_q(logits, SamplingParams(0)).max() < p_min:
                 break
-            if sp.greedy:
-                best = int(np.argmax(logits))
+            if sp.greedy:  # a draft head wider than the target's vocabulary: ids the target cannot take are out
+                best = int(np.argmax(logits if self.kept_ids is not None else logits[:self.width]))
                 drafted.append(int(self.kept_ids[best]) if self.kept_ids is not None else best)
             else:
                 q.append(self._draft_probs(logits, sp))
@@ -298,9 +298,9 @@ class SpecDecoder:
             if source != "catchup" or self.dcache is None:
                 return [x], 0, 0.0, 0
             # a plain step, then up to K tokens of the draft's lag (a catch-up sized to a latency budget); the
-            # last committed token stays unfed, so the next proposal still starts with a feed
+            # token this step adds stays unfed, so the next proposal still starts with a feed
             start = self.dcache.length
-            feed = self.tokens[start:max(start, min(start + k, len(self.tokens) - 1))]
+            feed = self.tokens[start:min(start + k, len(self.tokens))]
             t0 = time.perf_counter()
             if feed:
                 self.draft.forward(feed, self.dcache, keep=1)
@@ -378,6 +378,7 @@ class SpecDecoder:
         begin, end = getattr(policy, "begin", None), getattr(policy, "end", None)
         on_confidence = getattr(policy, "observe_confidence", None) if mode != "plain" else None
         self.track_confidence = on_confidence is not None
+        self._generation = generation = getattr(self, "_generation", 0) + 1
         if begin is not None:
             begin()
         try:
@@ -424,10 +425,11 @@ class SpecDecoder:
                     on_confidence(self.confidence)
                     self.confidence = None
                 self.tokens.extend(new)
-        finally:  # also when the caller stops iterating early
-            self.track_confidence = False
-            if end is not None:
-                end(stats.new_tokens)
+        finally:  # also when the caller stops iterating early; not for a generation a newer one replaced
+            if self._generation == generation:
+                self.track_confidence = False
+                if end is not None:
+                    end(stats.new_tokens)
         stats.wall_ms = (time.perf_counter() - t_start) * 1e3
 
     def generate(self, prompt: str | None = None, *, messages: list[dict] | None = None,

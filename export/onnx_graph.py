@@ -98,6 +98,9 @@ def add_logits_keep(model: onnx.ModelProto) -> None:
                                                  "logits_keep/axis"], ["logits_keep/hidden"], name="logits_keep/Slice"))
     g.node.insert(at, helper.make_node("Neg", [LOGITS_KEEP], ["logits_keep/start"], name="logits_keep/Neg"))
     head.input[0] = "logits_keep/hidden"
+    for out in g.output:
+        if out.name == "logits" and len(out.type.tensor_type.shape.dim) == 3:
+            out.type.tensor_type.shape.dim[1].dim_param = "logits_rows"  # min(N, T), not the input's T
 
 
 def causal_mask(past_len: int, new_len: int) -> torch.Tensor:

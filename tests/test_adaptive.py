@@ -76,8 +76,25 @@ def test_budget_splits_a_long_catch_up_into_plain_rounds():
     pol = AdaptiveK(cost, alpha0=0.95, latency_budget_ms=160.0)
     pol.end(1000)  # earlier answers were long: the catch-up pays
     src, m = pol.choose(lag=200)  # 398 ms of catch-up
-    assert src == "catchup" and m == int((160.0 - 1.15 * 100.0) // (1.15 * 2.0))
+    assert src == "catchup" and m == 1 + int((160.0 - 1.15 * 100.0 - 1.15 * 5.0) // (1.15 * 2.0))
     assert pol.choose(lag=10)[0] == "draft"  # 18 ms of catch-up fits beside K = 1 or 2
+
+
+def test_budget_catch_up_pieces_shrink_the_lag_to_nothing():
+    """Each ("catchup", m) round adds one token and feeds m, the last committed one included, so the lag
+    reaches 0 even when one token of catch-up fits beside no K (here: a 73 ms budget, plain 50, K = 1 65.5)."""
+    cost = CostModel([50.0 + 5 * n for n in range(8)], draft_ms=8.0, draft_prefill_ms=1.7)
+    pol = AdaptiveK(cost, alpha0=0.95, latency_budget_ms=73.0)
+    pol.end(1000)
+    lag, rounds = 40, 0
+    while lag > 1 and rounds < 50:
+        src, m = pol.choose(lag=lag)
+        if src != "catchup":
+            break
+        assert 1 <= m <= lag
+        lag = lag - m + 1
+        rounds += 1
+    assert lag <= 1 and pol.choose(lag=lag)[0] == "draft" and pol.choose(lag=lag)[1] > 0
 
 
 def test_lookup_is_tried_once_before_its_estimate_counts():

@@ -194,7 +194,7 @@ class _SourceSchedule:
     def observe(self, source, k, accepted, draft_step_ms, round_ms, catchup_ms=0.0, catchup_tokens=0):
         src, m, lag, before = self.before
         if src == "catchup":
-            fed = min(m, lag - 1)  # never the last committed token: the next proposal needs a feed
+            fed = min(m, lag)  # the token this round adds stays unfed: the next proposal still has a feed
             assert k == 0 and accepted == 0 and catchup_tokens == fed
             assert self.d.dcache.length == before + fed
             self.catchups.append(fed)
