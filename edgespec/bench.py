@@ -61,6 +61,10 @@ class Mode:
         raise ValueError(f"unknown mode {name!r} (plain, k<K>, tree<N>, adaptive, adaptive@<ms>, lookup, "
                          "adaptive+tree, …+lookup)")
 
+    def controller(self, dec: SpecDecoder) -> AdaptiveK:
+        """A new adaptive controller for this mode on ``dec``."""
+        return AdaptiveK.for_decoder(dec, latency_budget_ms=self.budget_ms, has_draft=self.draft, tree=self.tree)
+
     @property
     def decoder_mode(self) -> str:
         return "plain" if self.name == "plain" else ("spec" if self.draft else "lookup")
@@ -83,7 +87,7 @@ def run_one(dec: SpecDecoder, mode: Mode, prompt: Prompt, max_new_tokens: int, s
     ids = dec.encode(messages=list(prompt.messages))
     m = mode.decoder_mode
     if mode.k is None and policy is None:
-        policy = AdaptiveK.for_decoder(dec, latency_budget_ms=mode.budget_ms, has_draft=mode.draft, tree=mode.tree)
+        policy = mode.controller(dec)
     k = mode.k if mode.k is not None else policy
     warm = bool(policy is not None and policy.lengths)
     stats = GenerationStats()
@@ -129,8 +133,12 @@ def summarize(runs: list[dict], modes: list[str]) -> dict:
             sel = [r for r in rs if cls == "all" or r["class"] == cls]
             if not sel:
                 continue
-            sp_dec = [r["decode_tok_s"] / plain[r["prompt"]]["decode_tok_s"] for r in sel
+            paired = [(r, r["decode_tok_s"] / plain[r["prompt"]]["decode_tok_s"]) for r in sel
                       if r["prompt"] in plain and plain[r["prompt"]]["decode_tok_s"] > 0]
+            sp_dec = [x for _, x in paired]
+            # adaptive modes: the prompts that met a new controller (nothing learned from earlier prompts)
+            sp_new = [x for r, x in paired
+                      if r.get("warm_controller") is False and r["mode"].startswith(("adaptive", "lookup"))]
             sp_e2e = [r["e2e_tok_s"] / plain[r["prompt"]]["e2e_tok_s"] for r in sel
                       if r["prompt"] in plain and plain[r["prompt"]]["e2e_tok_s"] > 0]
             acc, ev = sum(r["accepted"] for r in sel), sum(r["evaluated"] for r in sel)
@@ -142,15 +150,10 @@ def summarize(runs: list[dict], modes: list[str]) -> dict:
                 "decode_tok_s": float(np.median([r["decode_tok_s"] for r in sel])),
                 "e2e_tok_s": float(np.median([r["e2e_tok_s"] for r in sel])),
                 "ttft_ms": float(np.median([r["ttft_ms"] for r in sel])),
-                "speedup_decode_median": float(np.median(sp_dec)) if sp_dec else None,
+                "speedup_decode_median": _median(sp_dec),
                 "speedup_decode_min": float(np.min(sp_dec)) if sp_dec else None,
-                # adaptive modes: the prompts that met a new controller (nothing learned from earlier prompts)
-                "speedup_decode_new_controller": _median([r["decode_tok_s"] / plain[r["prompt"]]["decode_tok_s"]
-                                                          for r in sel if r.get("warm_controller") is False
-                                                          and r["mode"].startswith(("adaptive", "lookup"))
-                                                          and r["prompt"] in plain
-                                                          and plain[r["prompt"]]["decode_tok_s"] > 0]),
-                "speedup_e2e_median": float(np.median(sp_e2e)) if sp_e2e else None,
+                "speedup_decode_new_controller": _median(sp_new),
+                "speedup_e2e_median": _median(sp_e2e),
                 "alpha": acc / ev if ev else None,
                 "mean_accepted_length": float(np.mean([r["mean_accepted_length"] for r in sel])),
                 "accepted_per_target_run": float(np.mean([r["accepted_per_target_run"] for r in sel])),
@@ -231,8 +234,7 @@ def run_bench(export_dir: str | Path, modes: list[str], prompts: list[Prompt], m
         for mode in order:
             key = (mode.name, prompt.cls)
             if mode.k is None and sessions and key not in controllers:
-                controllers[key] = AdaptiveK.for_decoder(spec, latency_budget_ms=mode.budget_ms,
-                                                         has_draft=mode.draft, tree=mode.tree)
+                controllers[key] = mode.controller(spec)
             start[mode.name] = controllers.get(key)
         reps = {mode.name: [] for mode in order}
         for _ in range(repeats):  # interleaved: a slow stretch of the machine hits every mode alike

@@ -46,6 +46,7 @@ class SpecDecoder:
         self.manifest = manifest
         self.width = target.spec.vocab_size  # q is defined over the target's vocabulary
         self.kept_ids = None  # int64 (N,): target ids of a pruned draft head's N outputs
+        self._generation = 0  # counts generations, so that an abandoned one does not report its end late
         if draft is not None and draft.spec.kept_token_ids:
             self.kept_ids = np.load(Path(draft.export_dir) / draft.spec.kept_token_ids)
         self.reset()
@@ -83,7 +84,7 @@ class SpecDecoder:
     def reset(self) -> None:
         """Forget the conversation: empty both caches."""
         self.tokens: list[int] = []
-        self.track_confidence, self.confidence = False, None  # set per generation for policies that ask
+        self.plain_row: np.ndarray | None = None  # float32 (V,): the target's logits at the last plain step
         self.draft_step_ms: list[float] = []  # times of the last proposal's one-token draft steps (ms)
         self.catchup: tuple[float, int] = (0.0, 0)  # the last proposal's catch-up feed: (ms, tokens)
         self.tcache: KVCache = self.target.new_cache()
@@ -134,13 +135,10 @@ class SpecDecoder:
         self.tokens = list(ids)
 
     def _plain_step(self, sp: SamplingParams, rng: np.random.Generator) -> int:
-        logits = self.target.forward(self.tokens[-1:], self.tcache)
-        if self.track_confidence:  # the target's top-1 probability at temperature 1: 1 / sum(exp(z - max z))
-            z = logits[-1]
-            self.confidence = float(1.0 / np.exp(z - z.max()).sum())
+        self.plain_row = self.target.forward(self.tokens[-1:], self.tcache)[-1]
         if sp.greedy:
-            return int(np.argmax(logits[-1]))
-        return sample(probs(logits[-1], sp), rng)
+            return int(np.argmax(self.plain_row))
+        return sample(probs(self.plain_row, sp), rng)
 
     def _draft_probs(self, logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
         """q over the target's vocabulary from draft logits (pruned heads map back; q = 0 outside)."""
@@ -377,8 +375,7 @@ class SpecDecoder:
         stats.prefill_ms = (time.perf_counter() - t_start) * 1e3
         begin, end = getattr(policy, "begin", None), getattr(policy, "end", None)
         on_confidence = getattr(policy, "observe_confidence", None) if mode != "plain" else None
-        self.track_confidence = on_confidence is not None
-        self._generation = generation = getattr(self, "_generation", 0) + 1
+        self._generation = generation = self._generation + 1
         if begin is not None:
             begin()
         try:
@@ -421,15 +418,13 @@ class SpecDecoder:
                 step_ms = float(np.median(self.draft_step_ms)) if drafted_now and self.draft_step_ms else None
                 catchup_ms, catchup_tokens = self.catchup if drafted_now or source == "catchup" else (0.0, 0)
                 policy.observe(source, kk, n_from_proposal, step_ms, dt, catchup_ms, catchup_tokens)
-                if on_confidence is not None and kk == 0 and self.confidence is not None:
-                    on_confidence(self.confidence)
-                    self.confidence = None
+                if on_confidence is not None and kk == 0:  # the target's top-1 probability at temperature 1
+                    z = self.plain_row
+                    on_confidence(float(1.0 / np.exp(z - z.max()).sum()))
                 self.tokens.extend(new)
         finally:  # also when the caller stops iterating early; not for a generation a newer one replaced
-            if self._generation == generation:
-                self.track_confidence = False
-                if end is not None:
-                    end(stats.new_tokens)
+            if end is not None and self._generation == generation:
+                end(stats.new_tokens)
         stats.wall_ms = (time.perf_counter() - t_start) * 1e3
 
     def generate(self, prompt: str | None = None, *, messages: list[dict] | None = None,
