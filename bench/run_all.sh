@@ -12,3 +12,4 @@ edgespec bench ~/.cache/edgespec/exports/qwen2.5-coder-1.5b+0.5b-v32k \
 edgespec bench --modes plain,k4,tree4,k8,tree8 --per-class 2 --out $out/tree-vs-chain-int4
 edgespec eval --out $out/eval-default-int4.json
 python bench/microbench.py
+python bench/confidence_proxy.py
