@@ -90,7 +90,7 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=_pos_int, default=None, help="onnxruntime intra-op threads")
 
 
-_COMMANDS = ("export", "chat", "generate", "bench", "eval", "info")
+_COMMANDS = ("export", "chat", "generate", "bench", "eval", "info", "voice")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the output head at this many bits")
     p.add_argument("--draft-vocab", type=_pos_int, default=None,
                    help="prune the draft's lm_head to this many frequent token ids (FR-Spec), e.g. 32768")
+    p.add_argument("--voice", action="store_true",
+                   help="prepare the speech-recognition model of `edgespec voice` (Moonshine) instead of a pair")
 
     p = sub.add_parser("chat", help="interactive chat (streams; /reset /stats /exit)")
     _add_generation_options(p)
@@ -161,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="print an export's manifest and validation figures")
     p.add_argument("dir", nargs="?")
     p.add_argument("--json", action="store_true")
+
+    from .voice.cli import add_voice_parser
+
+    add_voice_parser(sub)
     return parser
 
 
@@ -188,6 +194,11 @@ def _cmd_export(a) -> int:
         from edgespec_export import ExportOptions, export_pair
     except ImportError:
         raise EdgespecError(_NO_EXPORTER) from None
+    if a.voice:
+        from edgespec_export.voice import prepare_moonshine
+
+        print(prepare_moonshine(a.out))
+        return 0
     t = ExportOptions(a.precision, a.block_size, a.accuracy_level, a.lm_head_bits)
     d = ExportOptions(a.draft_precision or a.precision, a.block_size, a.accuracy_level, a.lm_head_bits,
                       a.draft_vocab)
@@ -407,6 +418,10 @@ def _run(a) -> int:
         return _cmd_eval(a)
     if a.command == "generate":
         return _cmd_generate(a)
+    if a.command == "voice":
+        from .voice.cli import run_voice
+
+        return run_voice(a, _export_dir)
     if a.command == "chat":
         from .chat import run_chat
 
