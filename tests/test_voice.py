@@ -258,3 +258,29 @@ def test_runtime_imports_without_the_voice_extra(tmp_path):
             "assert not bad, bad")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+# -- the real pair (pytest --real-pair) ---------------------------------------------------------------------
+
+@pytest.mark.real
+def test_real_pair_answers_a_spoken_question_losslessly(asr, piper, question):
+    """Greedy: the speculative answer equals the plain one, and it is spoken; Paris is named."""
+    from edgespec import paths
+    from edgespec.decoder import SpecDecoder
+    from edgespec.voice.pipeline import VoiceAssistant, WavSink
+    from edgespec_export import export_pair
+
+    with user_home():
+        d = paths.default_export_dir()
+        if not (d / "edgespec.json").is_file():
+            export_pair(None, None)
+    va = VoiceAssistant(asr, SpecDecoder.load(d), piper, policy=3, max_new_tokens=48)
+    reports = {}
+    for mode in ("spec", "plain"):
+        va.reset()
+        sink = WavSink()
+        reports[mode] = va.turn(read_wav(question), sink, mode=mode)
+        assert sink.samples().size / piper.rate == pytest.approx(reports[mode].answer_audio_s) > 0.5
+    assert reports["spec"].answer == reports["plain"].answer
+    assert "paris" in words(reports["spec"].answer)
+    assert reports["spec"].alpha is not None and reports["plain"].alpha is None
