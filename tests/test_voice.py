@@ -161,6 +161,51 @@ def test_find_speech_and_endpointer():
     assert ep.done and not ep.timed_out and abs(i - int(2.3 * rate)) < 0.06 * rate
 
 
+class _Log:
+    """A test double pair: a decoder that streams fixed pieces and a TTS that records what it speaks, both
+    writing to one event log, to check the order of decoding and speaking."""
+
+    def __init__(self, pieces):
+        self.pieces, self.events, self.rate, self.name = pieces, [], 16000, "log"
+        self.tokenizer = None
+
+    def generate(self, messages, **kw):
+        from edgespec.stats import GenerationStats
+
+        log, pieces = self, self.pieces
+
+        class Gen:
+            stats, text = GenerationStats(new_tokens=len(pieces)), "".join(pieces)
+
+            def __iter__(self):
+                for p in pieces:
+                    log.events.append(("decode", p))
+                    yield p
+
+        log.messages = messages
+        return Gen()
+
+    def synthesize(self, text):
+        self.events.append(("speak", text))
+        return np.ones(1600, np.int16)
+
+
+def test_first_sentence_is_spoken_before_decoding_goes_on(asr, question):
+    from edgespec.voice.pipeline import VoiceAssistant, WavSink
+
+    fake = _Log(["Paris", " is the capital.", " It is", " big.", " Yes"])
+    va = VoiceAssistant(asr, fake, fake, policy=2)
+    r = va.turn(read_wav(question), WavSink())
+    assert fake.events == [("decode", "Paris"), ("decode", " is the capital."), ("decode", " It is"),
+                           ("speak", "Paris is the capital."), ("decode", " big."), ("decode", " Yes"),
+                           ("speak", "It is big."), ("speak", "Yes")]
+    assert fake.messages[0]["role"] == "system" and words(fake.messages[-1]["content"]) == words(SENTENCES[0])
+    assert r.sentences == 3 and r.answer_audio_s == pytest.approx(3 * 0.1)
+    assert r.eos_to_transcript_ms <= r.eos_to_first_token_ms <= r.eos_to_first_audio_ms
+    va.turn(read_wav(question), WavSink())  # the conversation is kept: the earlier turn is in the prompt
+    assert [m["role"] for m in fake.messages] == ["system", "user", "assistant", "user"]
+
+
 # -- the whole turn, through the command line --------------------------------------------------------------
 
 def test_wav_question_to_spoken_answer(tiny_export, home, asr_dir, question, tmp_path):

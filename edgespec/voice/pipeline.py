@@ -88,6 +88,7 @@ class _Speaker(threading.Thread):
         self.tts, self.sink = tts, sink
         self.q: queue.Queue = queue.Queue()
         self.first_audio: float | None = None
+        self.first_done = threading.Event()  # the first sentence is synthesized (or came out empty, or failed)
         self.tts_ms, self.samples, self.error = 0.0, 0, None
 
     def run(self):
@@ -101,9 +102,13 @@ class _Speaker(threading.Thread):
                     if self.first_audio is None:
                         self.first_audio = time.perf_counter()
                     self.samples += s.size
+                    self.first_done.set()
                     self.sink.write(s)
             except Exception as e:  # reported on the calling thread
                 self.error = e
+            finally:
+                self.first_done.set()
+        self.first_done.set()
 
 
 class VoiceAssistant:
@@ -111,12 +116,15 @@ class VoiceAssistant:
 
     def __init__(self, asr, decoder, tts, policy=None, mode: str = "spec", system: str = VOICE_SYSTEM_PROMPT,
                  max_new_tokens: int = 96, temperature: float = 0.0, seed: int | None = None,
-                 history_turns: int = 4):
+                 history_turns: int = 4, first_sentence_first: bool = True):
         """``policy``: a K policy (e.g. :class:`~edgespec.adaptive.AdaptiveK` with a latency budget) or a fixed
-        int K; ignored for ``mode="plain"``. ``history_turns`` earlier question/answer pairs are kept."""
+        int K; ignored for ``mode="plain"``. ``history_turns`` earlier question/answer pairs are kept.
+        ``first_sentence_first``: the decoder waits while the first sentence is synthesized (on a 2-core CPU
+        the two would share the cores and delay the first sound); it resumes while that sentence plays."""
         self.asr, self.decoder, self.tts, self.policy = asr, decoder, tts, policy
         self.mode, self.system, self.max_new_tokens = mode, system, max_new_tokens
         self.temperature, self.seed, self.history_turns = temperature, seed, history_turns
+        self.first_sentence_first = first_sentence_first
         self.history: list[dict] = []
 
     def reset(self) -> None:
@@ -154,6 +162,8 @@ class VoiceAssistant:
                 for s in sentences:
                     speaker.q.put(s)
                     n_sent += 1
+                if sentences and n_sent == len(sentences) and self.first_sentence_first:
+                    speaker.first_done.wait()
             sentences, _ = split_sentences(buf, final=True)
             for s in sentences:
                 speaker.q.put(s)
