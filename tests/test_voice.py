@@ -276,11 +276,12 @@ def test_corrupt_speech_model_names_the_file(home, asr_dir, question, tmp_path):
     with open(bad / "decoder.onnx", "r+b") as f:
         f.seek(1000)
         f.write(b"\xff" * 16)
-    r = run(["voice", str(tmp_path / "x"), "--wav-in", str(question), "--asr-dir", str(bad)], home)
-    one_line_error(r, str(bad / "decoder.onnx"), "corrupt", "edgespec export --voice")
+    args = ["voice", str(tmp_path / "x"), "--wav-in", str(question), "--wav-out", str(tmp_path / "a.wav"),
+            "--asr-dir", str(bad)]
+    one_line_error(run(args, home), str(bad / "decoder.onnx"), "corrupt", "edgespec export --voice")
     (bad / "moonshine.json").unlink()
-    one_line_error(run(["voice", str(tmp_path / "x"), "--wav-in", str(question), "--asr-dir", str(bad)], home),
-                   "moonshine.json", "missing")
+    one_line_error(run(args, home), "moonshine.json", "missing")
+    assert not (tmp_path / "a.wav").exists()
 
 
 def test_voice_extra_missing_names_the_extra(home, tmp_path):
@@ -291,9 +292,13 @@ def test_voice_extra_missing_names_the_extra(home, tmp_path):
     r = run(["voice", "--say", "hi", "--wav-out", str(tmp_path / "a.wav")], home,
             {"PYTHONPATH": str(block) + os.pathsep + os.environ.get("PYTHONPATH", "")})
     one_line_error(r, "not installed", "[voice]")
-    r = run(["voice", "--say", "hi", "--tts", "espeak"], home,
+    r = run(["voice", "--say", "hi", "--tts", "espeak", "--wav-out", str(tmp_path / "a.wav")], home,
             {"PYTHONPATH": str(block) + os.pathsep + os.environ.get("PYTHONPATH", "")})
     one_line_error(r, "espeakng-loader", "[voice]")
+    r = run(["voice", str(tmp_path / "no-export")], home,
+            {"PYTHONPATH": str(block) + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    one_line_error(r, "no microphone support", "sounddevice is not installed", "--wav-in")
+    assert not (tmp_path / "a.wav").exists()
 
 
 def test_runtime_imports_without_the_voice_extra(tmp_path):

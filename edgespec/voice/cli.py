@@ -123,6 +123,13 @@ def run_voice(a, export_dir) -> int:
         question = read_wav(a.wav_in)
         if not find_speech(question, 16000).found:
             raise NoSpeech(f"{a.wav_in}: no speech in the recording (silent or too quiet); nothing was sent to the model")
+    if wavs is None:  # no sound device support: one line pointing to --wav-in/--wav-out, before models load
+        from .devices import check_device
+
+        if a.wav_in is None and a.say is None:
+            check_device("input")
+        if a.wav_out is None:
+            check_device("output")
     tts = load_tts(a.tts, a.voice_model)
     if a.say is not None:
         from .tts import speakable
@@ -132,10 +139,6 @@ def run_voice(a, export_dir) -> int:
         s = tts.synthesize(speakable(a.say))
         _emit(s, tts.rate, a.wav_out, write_wav)
         return 0
-    if a.wav_in is None and wavs is None:
-        from .devices import sounddevice
-
-        sounddevice()  # no device support: one line pointing to --wav-in, before the models load
     asr = load_asr(a.asr_dir, a.threads)
     from ..decoder import SpecDecoder
 

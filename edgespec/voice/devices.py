@@ -31,6 +31,16 @@ def sounddevice():
     return sd
 
 
+def check_device(kind: str) -> None:
+    """Raise EdgespecError (one line, pointing to --wav-in/--wav-out) unless a default ``kind`` ('input' or
+    'output') device exists. Called before any model loads."""
+    sd = sounddevice()
+    try:
+        sd.query_devices(kind=kind)
+    except (sd.PortAudioError, ValueError) as e:
+        raise _device_error("microphone" if kind == "input" else "speaker", e) from None
+
+
 def _device_error(what: str, e: Exception) -> EdgespecError:
     msg = str(e).splitlines()[0] if str(e) else type(e).__name__
     return EdgespecError(f"no usable {what} ({msg}); {_USE_WAV}")
