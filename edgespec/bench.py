@@ -13,15 +13,17 @@ import copy
 import platform
 import resource
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .adaptive import AdaptiveK, calibrate, expected_tokens
+from .adaptive import AdaptiveK, expected_tokens
+from .calibrate import calibrate
 from .decoder import SpecDecoder
+from .generation import GenerationOptions
+from .progress import progress_bar
 from .prompts import Prompt
-from .sampling import SamplingParams
 from .stats import GenerationStats
 
 
@@ -63,11 +65,24 @@ class Mode:
 
     def controller(self, dec: SpecDecoder) -> AdaptiveK:
         """A new adaptive controller for this mode on ``dec``."""
-        return AdaptiveK.for_decoder(dec, latency_budget_ms=self.budget_ms, has_draft=self.draft, tree=self.tree)
+        return AdaptiveK.for_decoder(dec, latency_budget_ms=self.budget_ms)
 
     @property
-    def decoder_mode(self) -> str:
-        return "plain" if self.name == "plain" else ("spec" if self.draft else "lookup")
+    def proposers(self) -> tuple[str, ...]:
+        """The mode's proposers in priority order (a fixed-size tree replaces the chain; an adaptive tree is
+        offered beside it)."""
+        if self.name == "plain":
+            return ()
+        if not self.draft:
+            return ("lookup",)
+        chain = (("tree",) if self.k is not None else ("draft", "tree")) if self.tree else ("draft",)
+        return (("lookup",) if self.lookup else ()) + chain
+
+    def options(self, max_new_tokens: int, temperature: float, seed: int) -> GenerationOptions:
+        """The generation options of one run of this mode (a fixed K, or the controller's)."""
+        k = self.k if self.k is not None else 4
+        return GenerationOptions(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                                 proposers=self.proposers, k=k, n_nodes=k)
 
 
 def _median(xs) -> float | None:
@@ -78,23 +93,22 @@ def _pct(xs, q) -> float | None:
     return float(np.percentile(xs, q)) if len(xs) else None
 
 
-def run_one(dec: SpecDecoder, mode: Mode, prompt: Prompt, max_new_tokens: int, sp: SamplingParams,
+def run_one(dec: SpecDecoder, mode: Mode, prompt: Prompt, max_new_tokens: int, temperature: float,
             seed: int, policy: AdaptiveK | None = None) -> dict:
     """One generation from fresh caches; returns its measurements (times in ms, rates in tok/s).
 
     Adaptive modes use ``policy`` (a controller that may have run earlier prompts) or a new one."""
     dec.reset()
     ids = dec.encode(messages=list(prompt.messages))
-    m = mode.decoder_mode
-    if mode.k is None and policy is None:
+    options = mode.options(max_new_tokens, temperature, seed)
+    if mode.k is None and policy is None and options.proposers:
         policy = mode.controller(dec)
-    k = mode.k if mode.k is not None else policy
     warm = bool(policy is not None and policy.lengths)
     stats = GenerationStats()
     t0 = time.perf_counter()
     last, gaps = t0, []
     first_ms = None
-    for toks, _ in dec.generate_ids(ids, max_new_tokens, sp, seed, k, m, mode.lookup, stats, mode.tree):
+    for toks, _ in dec.generate_ids(ids, options, policy if mode.k is None else None, stats):
         now = time.perf_counter()
         if first_ms is None:
             first_ms = (now - t0) * 1e3
@@ -106,8 +120,8 @@ def run_one(dec: SpecDecoder, mode: Mode, prompt: Prompt, max_new_tokens: int, s
         "class": prompt.cls, "mode": mode.name, "prompt_tokens": len(ids), "new_tokens": s.new_tokens,
         "ttft_ms": first_ms, "wall_ms": s.wall_ms, "e2e_tok_s": s.tokens_per_s, "decode_tok_s": s.decode_tokens_per_s,
         "itl_p50_ms": _pct(gaps, 50), "itl_p95_ms": _pct(gaps, 95), "rounds": s.rounds,
-        "alpha": s.alpha if m != "plain" else None, "lookup_rounds": s.lookup_rounds,
-        "tree_rounds": s.tree_rounds, "accepted_per_target_run": s.accepted / s.rounds if s.rounds else 0.0,
+        "alpha": s.alpha if options.proposers else None,
+        "proposers": {name: asdict(ps) for name, ps in s.proposers.items()}, "accepted_per_target_run": s.accepted / s.rounds if s.rounds else 0.0,
         "accepted": s.accepted, "evaluated": s.evaluated,
         "proposed": s.proposed, "mean_accepted_length": s.mean_accepted_length,
         "accepted_per_position": s.accepted_per_position, "proposed_per_position": s.proposed_per_position,
@@ -212,18 +226,15 @@ def run_bench(export_dir: str | Path, modes: list[str], prompts: list[Prompt], m
     controller state); each (prompt, mode) keeps the repeat with the median decode rate (the lower middle one
     for an even count) (short answers of a
     few hundred ms vary by ±15% between runs here)."""
-    from tqdm.auto import tqdm
-
     parsed = [Mode.parse(m) for m in modes]
-    sp = SamplingParams(temperature)
     spec = SpecDecoder.load(export_dir, provider=provider, threads=threads, shared_thread_pool=True)
     rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    for m in ("plain", "spec"):  # warm-up: first runs allocate
-        spec.generate("Hello", max_new_tokens=4, k=2, mode=m).run()
+    for proposers in ((), ("draft",)):  # warm-up: first runs allocate
+        spec.generate("Hello", max_new_tokens=4, k=2, proposers=proposers).run()
     if any(m.name.startswith("adaptive") for m in parsed):
         calibrate(spec)
     runs, skipped, controllers = [], [], {}
-    bar = tqdm(total=len(prompts) * len(parsed), desc="bench", unit="run", disable=not progress)
+    bar = progress_bar(len(prompts) * len(parsed), "bench", progress, unit="run")
     for i, prompt in enumerate(prompts):
         if len(spec.encode(messages=list(prompt.messages))) >= spec.context_length:
             skipped.append(i)  # does not fit this export's context
@@ -240,7 +251,7 @@ def run_bench(export_dir: str | Path, modes: list[str], prompts: list[Prompt], m
         for _ in range(repeats):  # interleaved: a slow stretch of the machine hits every mode alike
             for mode in order:
                 policy = copy.deepcopy(start[mode.name]) if start[mode.name] is not None else None
-                reps[mode.name].append((run_one(spec, mode, prompt, max_new_tokens, sp, seed + i, policy), policy))
+                reps[mode.name].append((run_one(spec, mode, prompt, max_new_tokens, temperature, seed + i, policy), policy))
         for mode in order:
             rs = sorted(reps[mode.name], key=lambda rp: rp[0]["decode_tok_s"])
             rec, policy = rs[(len(rs) - 1) // 2]  # the median (the lower middle one for an even count)
@@ -262,6 +273,35 @@ def run_bench(export_dir: str | Path, modes: list[str], prompts: list[Prompt], m
         result["cost_curve"] = cost_curve(spec)
         result["predicted"] = predicted_speedups(result["cost_curve"], result["summary"])
     return result
+
+
+def format_bench(result: dict) -> str:
+    """A Markdown table: one row per mode and prompt class."""
+    rows = ["| mode | class | decode tok/s | speedup (median, min) | alpha | tokens/round | mean K | TTFT ms "
+            "| ITL p50/p95 ms |", "|---|---|---|---|---|---|---|---|---|"]
+    for mode, per in result["summary"].items():
+        for cls, s in per.items():
+            sp = ("—" if s["speedup_decode_median"] is None else
+                  f"{s['speedup_decode_median']:.2f}× ({s['speedup_decode_min']:.2f}×)")
+            alpha = "—" if s["alpha"] is None else f"{s['alpha']:.2f}"
+            rows.append(f"| {mode} | {cls} | {s['decode_tok_s']:.1f} | {sp} | {alpha} | "
+                        f"{s['mean_accepted_length']:.2f} | {s['mean_k']:.1f} | {s['ttft_ms']:.0f} | "
+                        f"{s['itl_p50_ms']:.0f}/{s['itl_p95_ms']:.0f} |")
+    lines = rows + [f"\npeak RSS {result['peak_rss_mb']:.0f} MB (after load {result['rss_after_load_mb']:.0f} MB)"]
+    for mode, per in result["summary"].items():
+        if "budget_ms" in per.get("all", {}):
+            s = per["all"]
+            lines.append(f"{mode}: budget {s['budget_ms']:g} ms, round p95 {s['round_p95_ms']:.0f} ms, "
+                         f"{100 * s['share_rounds_over_budget']:.1f}% of rounds over budget")
+    if "cost_curve" in result:
+        c = result["cost_curve"]
+        lines.append("target t(N)/t(1), N=1..%d: %s; t(1) = %.1f ms; draft step %.1f ms, c = %.2f" % (
+            len(c["ratio"]), " ".join(f"{r:.2f}" for r in c["ratio"]), c["target_ms"][0], c["draft_ms"], c["c"]))
+        for mode, p in result.get("predicted", {}).items():
+            lines.append(f"{mode}: alpha {p['alpha']:.2f}; predicted speedup {p['leviathan']:.2f}× (Leviathan, "
+                         f"verify = t(1)), {p['with_measured_verify_cost']:.2f}× (measured t(K+1)); "
+                         f"measured {p['measured']:.2f}×")
+    return "\n".join(lines)
 
 
 def _cpus() -> dict:
