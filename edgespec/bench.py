@@ -30,38 +30,44 @@ from .stats import GenerationStats
 @dataclass(frozen=True)
 class Mode:
     """A benchmark mode: ``plain``; ``k<K>`` (fixed K); ``adaptive`` or ``adaptive@<ms>`` (latency budget);
-    ``lookup`` (prompt lookup only, adaptive K); ``tree<N>`` (token trees of N nodes); a ``+tree`` suffix lets
-    the adaptive controller use trees, a ``+lookup`` suffix puts prompt lookup before the draft."""
+    ``tree<N>`` (token trees of N nodes); the name of a registered proposer without a model, e.g. ``lookup``
+    (that proposer alone, adaptive K). Suffixes: ``+tree`` lets the adaptive controller use trees, ``+<name>``
+    (e.g. ``+lookup``) puts that proposer before the draft."""
 
     name: str
     k: int | None = None
     budget_ms: float | None = None
-    lookup: bool = False
+    first: tuple[str, ...] = ()
     draft: bool = True
     tree: bool = False
 
     @staticmethod
     def parse(name: str) -> "Mode":
         """From the names above; ValueError otherwise."""
+        from .proposers import PROPOSERS
+
         if name == "plain":
             return Mode(name, k=0, draft=False)
-        if name == "lookup":
-            return Mode(name, lookup=True, draft=False)
-        base, lookup = (name[:-7], True) if name.endswith("+lookup") else (name, False)
-        base, tree = (base[:-5], True) if base.endswith("+tree") else (base, False)
-        if base.startswith("tree") and base[4:].isdigit():
-            return Mode(name, k=int(base[4:]), lookup=lookup, tree=True)
-        if base.startswith("k") and base[1:].isdigit() and not tree:
-            return Mode(name, k=int(base[1:]), lookup=lookup)
-        if base == "adaptive":
-            return Mode(name, lookup=lookup, tree=tree)
-        if base.startswith("adaptive@"):
-            try:
-                return Mode(name, budget_ms=float(base.split("@", 1)[1]), lookup=lookup, tree=tree)
-            except ValueError:
-                pass
-        raise ValueError(f"unknown mode {name!r} (plain, k<K>, tree<N>, adaptive, adaptive@<ms>, lookup, "
-                         "adaptive+tree, …+lookup)")
+        base, *extras = name.split("+")
+        tree = "tree" in extras
+        first = tuple(e for e in extras if e != "tree")
+        known = [n for n, cls in PROPOSERS.items() if not cls.uses_draft]
+        if all(e in known for e in first) and len(set(extras)) == len(extras):
+            if base in known and not extras:
+                return Mode(name, first=(base,), draft=False)
+            if base.startswith("tree") and base[4:].isdigit():
+                return Mode(name, k=int(base[4:]), first=first, tree=True)
+            if base.startswith("k") and base[1:].isdigit() and not tree:
+                return Mode(name, k=int(base[1:]), first=first)
+            if base == "adaptive":
+                return Mode(name, first=first, tree=tree)
+            if base.startswith("adaptive@"):
+                try:
+                    return Mode(name, budget_ms=float(base.split("@", 1)[1]), first=first, tree=tree)
+                except ValueError:
+                    pass
+        raise ValueError(f"unknown mode {name!r} (plain, k<K>, tree<N>, adaptive, adaptive@<ms>, "
+                         f"{', '.join(known)}, adaptive+tree, …+<proposer>)")
 
     def controller(self, dec: SpecDecoder) -> AdaptiveK:
         """A new adaptive controller for this mode on ``dec``."""
@@ -74,9 +80,9 @@ class Mode:
         if self.name == "plain":
             return ()
         if not self.draft:
-            return ("lookup",)
+            return self.first
         chain = (("tree",) if self.k is not None else ("draft", "tree")) if self.tree else ("draft",)
-        return (("lookup",) if self.lookup else ()) + chain
+        return self.first + chain
 
     def options(self, max_new_tokens: int, temperature: float, seed: int) -> GenerationOptions:
         """The generation options of one run of this mode (a fixed K, or the controller's)."""
@@ -127,7 +133,7 @@ def run_one(dec: SpecDecoder, mode: Mode, prompt: Prompt, max_new_tokens: int, t
         "accepted_per_position": s.accepted_per_position, "proposed_per_position": s.proposed_per_position,
         "mean_k": float(np.mean(s.k_per_round)) if s.k_per_round else 0.0,
         "round_p50_ms": _pct(s.round_ms, 50), "round_p95_ms": _pct(s.round_ms, 95),
-        "draft_ms": s.draft_ms, "verify_ms": s.verify_ms, "warm_controller": warm,
+        "draft_ms": s.draft_ms, "verify_ms": s.verify_ms, "warm_controller": warm, "adaptive": policy is not None,
     }
     if mode.budget_ms is not None:
         rec["budget_ms"] = mode.budget_ms
@@ -152,7 +158,7 @@ def summarize(runs: list[dict], modes: list[str]) -> dict:
             sp_dec = [x for _, x in paired]
             # adaptive modes: the prompts that met a new controller (nothing learned from earlier prompts)
             sp_new = [x for r, x in paired
-                      if r.get("warm_controller") is False and r["mode"].startswith(("adaptive", "lookup"))]
+                      if r.get("warm_controller") is False and r.get("adaptive")]
             sp_e2e = [r["e2e_tok_s"] / plain[r["prompt"]]["e2e_tok_s"] for r in sel
                       if r["prompt"] in plain and plain[r["prompt"]]["e2e_tok_s"] > 0]
             acc, ev = sum(r["accepted"] for r in sel), sum(r["evaluated"] for r in sel)
@@ -231,7 +237,7 @@ def run_bench(export_dir: str | Path, modes: list[str], prompts: list[Prompt], m
     rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     for proposers in ((), ("draft",)):  # warm-up: first runs allocate
         spec.generate("Hello", max_new_tokens=4, k=2, proposers=proposers).run()
-    if any(m.name.startswith("adaptive") for m in parsed):
+    if any(m.k is None for m in parsed):  # adaptive modes: measure the cost model once, before timing
         calibrate(spec)
     runs, skipped, controllers = [], [], {}
     bar = progress_bar(len(prompts) * len(parsed), "bench", progress, unit="run")

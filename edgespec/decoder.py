@@ -281,7 +281,8 @@ class SpecDecoder:
         stats = stats if stats is not None else GenerationStats()
         policy = policy if policy is not None else FixedK(o.k, o.n_nodes)
         stats.latency_budget_ms = policy.latency_budget_ms
-        stats.mode = "plain" if not proposers else ("spec" if any(p.uses_draft for p in proposers) else "lookup")
+        drafts = any(p.uses_draft for p in proposers)
+        stats.mode = "spec" if drafts else "+".join(p.name for p in proposers) or "plain"
         return self._generate(list(input_ids), o, proposers, policy, stats)
 
     def _plan(self, policy: KPolicy, proposers: list[Proposer], cap: int, remaining: int) -> RoundPlan:

@@ -75,15 +75,17 @@ class GenerationStats:
             self.plain_steps += 1
             self.k_per_round.append(0)
             return
+        cut = emitted < len(r.tokens)  # then inside the accepted tokens: positions past the cut never counted
         accepted = min(r.accepted, emitted)
-        proposed = sum(d <= emitted for d in r.depths)  # positions past the cut were never used
+        proposed = sum(d <= emitted for d in r.depths) if cut else len(r.depths)
+        depth = min(max(r.depths), emitted) if cut else max(r.depths)
         self.proposed += proposed
         self.accepted += accepted
         self.k_per_round.append(proposed)
-        if emitted > r.accepted:  # the round's last token (correction or bonus) was emitted
+        if not cut:  # the round's last token (correction or bonus) was emitted
             self.bonus += int(r.bonus)
             self.corrections += int(not r.bonus)
-        self.record_position(min(max(r.depths), emitted), accepted)
+        self.record_position(depth, accepted)
         ps = self.proposers.setdefault(r.proposer.name, ProposerStats())
         ps.rounds += 1
         ps.proposed += proposed
