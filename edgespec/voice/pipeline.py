@@ -117,8 +117,8 @@ class VoiceAssistant:
     def __init__(self, asr, decoder, tts, policy=None, mode: str = "spec", system: str = VOICE_SYSTEM_PROMPT,
                  max_new_tokens: int = 96, temperature: float = 0.0, seed: int | None = None,
                  history_turns: int = 4, first_sentence_first: bool = True):
-        """``policy``: a K policy (e.g. :class:`~edgespec.adaptive.AdaptiveK` with a latency budget) or a fixed
-        int K; ignored for ``mode="plain"``. ``history_turns`` earlier question/answer pairs are kept.
+        """``mode``: ``spec`` (the draft model proposes) or ``plain`` (the target alone). ``policy``: a K policy
+        (e.g. :class:`~edgespec.adaptive.AdaptiveK` with a latency budget) or a fixed int K. ``history_turns`` earlier question/answer pairs are kept.
         ``first_sentence_first``: the decoder waits while the first sentence is synthesized (on a 2-core CPU
         the two would share the cores and delay the first sound); it resumes while that sentence plays."""
         self.asr, self.decoder, self.tts, self.policy = asr, decoder, tts, policy
@@ -148,9 +148,13 @@ class VoiceAssistant:
             raise NoSpeech("no words recognized in the recording; nothing was sent to the model")
         messages = ([{"role": "system", "content": self.system}] if self.system else []) + self.history
         messages = messages + [{"role": "user", "content": tr.text}]
-        k = 0 if mode == "plain" else (self.policy if self.policy is not None else 4)
-        gen = self.decoder.generate(messages=messages, max_new_tokens=self.max_new_tokens,
-                                    temperature=self.temperature, seed=self.seed, k=k, mode=mode)
+        kw = dict(max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=self.seed)
+        if mode == "plain":
+            gen = self.decoder.generate(messages=messages, proposers=(), **kw)
+        elif isinstance(self.policy, int):
+            gen = self.decoder.generate(messages=messages, proposers=("draft",), k=self.policy, **kw)
+        else:
+            gen = self.decoder.generate(messages=messages, proposers=("draft",), policy=self.policy, **kw)
         speaker = _Speaker(self.tts, sink)
         speaker.start()
         t_first_token, buf, n_sent = None, "", 0
