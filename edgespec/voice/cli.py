@@ -221,17 +221,18 @@ def _median(xs):
 
 
 def _bench(va, wavs, a) -> int:
-    """Every question with speculation on and off (order alternating per question), after one warm-up turn;
+    """Every question with speculation on and off (order alternating per question), after a warm-up turn each;
     the conversation is reset before each turn so both modes answer the same prompt."""
     from .audio import read_wav
     from .pipeline import NoSpeech, WavSink
 
     questions = [(p.name, read_wav(p)) for p in wavs]
-    va.reset()
-    try:
-        va.turn(questions[0][1], WavSink(), mode="plain")  # warm-up: sessions, caches, calibration
-    except NoSpeech:
-        pass
+    for mode in MODES:  # warm-up, not counted: first runs of every session
+        va.reset()
+        try:
+            va.turn(questions[0][1], WavSink(), mode=mode)
+        except NoSpeech:
+            pass
     turns = []
     for i, (name, audio) in enumerate(questions):
         for mode in (MODES if i % 2 == 0 else MODES[::-1]):
