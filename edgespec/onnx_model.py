@@ -155,6 +155,11 @@ def causal_mask(past: int, new: int) -> np.ndarray:
 _POOL_THREADS = 0  # size of the process-wide intra-op pool once enabled
 
 
+def pool_threads() -> int:
+    """Threads of the process-wide intra-op pool, 0 while per-session pools are used."""
+    return _POOL_THREADS
+
+
 def use_shared_thread_pool(threads: int | None = None) -> bool:
     """Give every onnxruntime session of this process one shared intra-op thread pool (idempotent).
 

@@ -124,3 +124,21 @@ def test_context_sweep_runs_two_exports_side_by_side(export_each_format, tiny_ex
     bad = subprocess.run([sys.executable, "-m", "edgespec.cli", "bench", str(tiny_export), "--context", "250"],
                          capture_output=True, text=True, env=dict(os.environ, EDGESPEC_HOME=str(home)), timeout=600)
     assert bad.returncode != 0 and bad.stderr.count("\n") == 1 and "exceeds" in bad.stderr
+
+
+BLOCKED = ["tqdm", "matplotlib", "torch", "transformers", "optimum", "onnx", "gguf", "accelerate"]
+
+
+@pytest.mark.parametrize("command", ["bench", "eval"])
+def test_bench_and_eval_run_on_a_runtime_only_install(tiny_export, home, prompts_file, tmp_path, command):
+    """Import hygiene: with every extra's package unimportable (as after `pip install edgespec`), both commands
+    still run (no progress bar, no plot)."""
+    block = "; ".join(f"sys.modules[{m!r}] = None" for m in BLOCKED)
+    args = [command, str(tiny_export), "--prompts", str(prompts_file), "--max-new-tokens", "6", "--json"]
+    args += ["--modes", "plain,k2", "--out", str(tmp_path / "b")] if command == "bench" else [
+        "--draws", "20", "--ll-samples", "2", "--per-class", "1"]
+    code = f"import sys; {block}; from edgespec.cli import main; sys.exit(main({args!r}))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, EDGESPEC_HOME=str(home)))
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and json.loads(r.stdout)
