@@ -19,7 +19,6 @@ import numpy as np
 from .bench import Mode, _cpus, run_one
 from .decoder import SpecDecoder
 from .prompts import Prompt
-from .sampling import SamplingParams
 
 QUESTION = "\n```\n\nWhat does this code do? Answer in a few sentences, then show one example call."
 
@@ -53,18 +52,17 @@ def context_sweep(export_dirs: list[str | Path], contexts: list[int], modes: lis
     mode) keeps the median-decode-rate run of ``repeats``. Raises ValueError for a length that does not fit
     an export's context with ``max_new_tokens``.
     """
-    from .adaptive import calibrate
+    from .calibrate import calibrate
 
     decs = {str(d): SpecDecoder.load(d, provider=provider, threads=threads, shared_thread_pool=True)
             for d in export_dirs}
     parsed = [Mode.parse(m) for m in modes]
     for dec in decs.values():
-        for m in ("plain", "spec"):  # warm-up: first runs allocate
-            dec.generate("Hello", max_new_tokens=4, k=2, mode=m).run()
+        for proposers in ((), ("draft",)):  # warm-up: first runs allocate
+            dec.generate("Hello", max_new_tokens=4, k=2, proposers=proposers).run()
         if any(m.k is None for m in parsed):
             calibrate(dec)
     rows, text = [], source_text()
-    sp = SamplingParams(0.0)
     for n in contexts:
         prompts = {}
         for name, dec in decs.items():
@@ -75,7 +73,7 @@ def context_sweep(export_dirs: list[str | Path], contexts: list[int], modes: lis
             runs = {name: [] for name in decs}
             for _ in range(repeats):
                 for name, dec in decs.items():  # interleaved: a slow stretch of the machine hits both alike
-                    runs[name].append(run_one(dec, mode, prompts[name], max_new_tokens, sp, 0))
+                    runs[name].append(run_one(dec, mode, prompts[name], max_new_tokens, 0.0, 0))
             for name, rs in runs.items():
                 rs.sort(key=lambda r: r["decode_tok_s"])
                 r = rs[(len(rs) - 1) // 2]
