@@ -189,7 +189,7 @@ def _export_dir(arg: str | None, auto_export: bool) -> Path:
         print(f"edgespec: the default pair {paths.DEFAULT_PAIR} is not exported yet; exporting it to {d} "
               "(once; takes several minutes)", file=sys.stderr)
         try:
-            from edgespec_export import export_pair
+            from edgespec.export import export_pair
         except ImportError:
             raise EdgespecError(_NO_EXPORTER) from None
         export_pair(None, None)
@@ -198,7 +198,7 @@ def _export_dir(arg: str | None, auto_export: bool) -> Path:
 
 def _cmd_export(a) -> int:
     try:
-        from edgespec_export import ExportOptions, export_pair
+        from edgespec.export import ExportOptions, export_pair
     except ImportError:
         raise EdgespecError(_NO_EXPORTER) from None
     fmt = {} if a.graph_format is None else {"graph_format": a.graph_format}
@@ -210,10 +210,10 @@ def _cmd_export(a) -> int:
         if target or draft:
             raise EdgespecError("give either a pair recipe or --target/--draft, not both")
         target = a.pair
-        import edgespec_models
+        from edgespec import models
 
-        if a.pair not in edgespec_models.available():
-            raise EdgespecError(f"unknown pair recipe {a.pair!r} (known: {', '.join(edgespec_models.available())})")
+        if a.pair not in models.available():
+            raise EdgespecError(f"unknown pair recipe {a.pair!r} (known: {', '.join(models.available())})")
     out = export_pair(target, draft, a.out, t, d)
     print(out)
     return 0
