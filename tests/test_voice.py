@@ -43,7 +43,7 @@ def wer(ref: str, hyp: str) -> tuple[int, int]:
 @pytest.fixture(scope="session")
 def asr_dir():
     """Moonshine prepared by the exporter into the user's cache (downloaded and prepared on a fresh machine)."""
-    from edgespec_export.voice import prepare_moonshine
+    from edgespec.export.voice import prepare_moonshine
 
     with user_home():
         return prepare_moonshine(progress=False)
@@ -318,7 +318,7 @@ def test_real_pair_answers_a_spoken_question_losslessly(asr, piper, question):
     from edgespec import paths
     from edgespec.decoder import SpecDecoder
     from edgespec.voice.pipeline import VoiceAssistant, WavSink
-    from edgespec_export import export_pair
+    from edgespec.export import export_pair
 
     with user_home():
         d = paths.default_export_dir()

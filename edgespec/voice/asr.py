@@ -1,7 +1,7 @@
 """Speech recognition for ``edgespec voice``: Moonshine base-en on onnxruntime (encoder once, greedy decoder).
 
 The model directory is prepared once by the exporter (``edgespec export --voice``, see
-``edgespec_export.voice``): fp32 ``encoder.onnx`` and ``decoder.onnx`` (the merged decoder of optimum's
+``edgespec.export.voice``): fp32 ``encoder.onnx`` and ``decoder.onnx`` (the merged decoder of optimum's
 layout: an ``If`` on ``use_cache_branch``), the vocabulary ``tokenizer.bin`` and ``moonshine.json`` with the
 size and sha256 of every file. This module only validates and runs it.
 

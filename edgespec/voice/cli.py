@@ -71,7 +71,7 @@ def load_asr(asr_dir: str | None, threads: int | None = None):
         if asr_dir is not None:
             raise
         try:
-            from edgespec_export.voice import prepare_moonshine
+            from edgespec.export.voice import prepare_moonshine
         except ImportError:
             raise e from None
         prepare_moonshine()
