@@ -209,6 +209,8 @@ class StopMatcher:
         self.hit = False
 
     def push(self, piece: str) -> str:
+        if self.hit:
+            return ""
         if not self.stops:
             return piece
         self.buf += piece
