@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 
 from .chat_input import clean_text, open_input, read_turn
+from .stats import format_stats
 
 UNDERLINE, RESET = "\x1b[4m", "\x1b[0m"
 HELP = 'commands: /reset  /stats  /system TEXT  /help  /exit   (multi-line: paste, or a """ … """ block)'
@@ -62,8 +63,6 @@ class Conversation:
 def _command(text: str, conv: Conversation, last) -> bool | None:
     """Run ``text`` if it is one of the chat's own commands: True to go on, False to exit; None if it is
     not a command (it goes to the model)."""
-    from .cli import format_stats
-
     word, _, rest = text.partition(" ")
     if text == "/exit":
         return False
@@ -107,8 +106,6 @@ def _reply(conv: Conversation, kwargs: dict, underline: bool):
     sys.stdout.flush()
     conv.turns.append({"role": "assistant", "content": g.text if g is not None else ""})
     if g is not None:
-        from .cli import format_stats
-
         print(format_stats(g.stats), file=sys.stderr)
         return g.stats
     return None

@@ -203,8 +203,8 @@ def _job_for(engine: Engine, req: Request, ids: list[int], loop) -> Job:
     return Job(list(ids), o, req.stop, req.latency_budget_ms, loop)
 
 
-_POLICY_KEY = "k"  # the keyword of SpecDecoder.generate that takes the K policy
-_BUDGET_ATTR = "budget"  # the K policy's latency budget (ms)
+_POLICY_KEY = "policy"  # the keyword of SpecDecoder.generate that takes the K policy
+_BUDGET_ATTR = "latency_budget_ms"  # the K policy's latency budget (ms)
 
 
 def _policy(gen_kwargs: dict):

@@ -25,7 +25,7 @@ def api(tiny_export):
 def reply(api, messages, n):
     """The target's own greedy answer (plain decoding, fresh caches)."""
     api.reset()
-    return api.generate(messages=messages, max_new_tokens=n, mode="plain", k=0).run().text
+    return api.generate(messages=messages, max_new_tokens=n, proposers=()).run().text
 
 
 def piped(export, home, stdin: bytes, *args) -> subprocess.CompletedProcess:

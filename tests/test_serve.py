@@ -98,7 +98,7 @@ def api(tiny_export):
 def greedy(api, messages=None, prompt=None, n=40) -> str:
     """The target's own greedy text (plain decoding, fresh caches)."""
     api.reset()
-    return api.generate(prompt, messages=messages, max_new_tokens=n, mode="plain", k=0).run().text
+    return api.generate(prompt, messages=messages, max_new_tokens=n, proposers=()).run().text
 
 
 MODEL = "target+draft"
