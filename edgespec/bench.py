@@ -124,7 +124,9 @@ def run_one(dec: SpecDecoder, mode: Mode, prompt: Prompt, max_new_tokens: int, t
     s = stats
     rec = {
         "class": prompt.cls, "mode": mode.name, "prompt_tokens": len(ids), "new_tokens": s.new_tokens,
-        "ttft_ms": first_ms, "wall_ms": s.wall_ms, "e2e_tok_s": s.tokens_per_s, "decode_tok_s": s.decode_tokens_per_s,
+        "ttft_ms": first_ms, "prefill_ms": s.prefill_ms,
+        "prefill_tok_s": len(ids) / (s.prefill_ms / 1e3) if s.prefill_ms > 0 else 0.0, "wall_ms": s.wall_ms,
+        "e2e_tok_s": s.tokens_per_s, "decode_tok_s": s.decode_tokens_per_s,
         "itl_p50_ms": _pct(gaps, 50), "itl_p95_ms": _pct(gaps, 95), "rounds": s.rounds,
         "alpha": s.alpha if options.proposers else None,
         "proposers": {name: asdict(ps) for name, ps in s.proposers.items()}, "accepted_per_target_run": s.accepted / s.rounds if s.rounds else 0.0,

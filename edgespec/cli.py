@@ -59,6 +59,14 @@ def _checked_port(s: str) -> int:
     return _checked_int(s, "a port in [1, 65535]", lambda v: 1 <= v <= 65535)
 
 
+def _contexts(s: str) -> list[int]:
+    """Comma-separated context lengths, each ≥ 1, e.g. ``128,1024,2048,3500``."""
+    parts = [x.strip() for x in s.split(",") if x.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token counts, got {s!r}")
+    return [_checked_int(x, "token counts ≥ 1 (e.g. 128,1024)", lambda v: v >= 1) for x in parts]
+
+
 def _temperature(s: str) -> float:
     return _checked_float(s, "a finite number ≥ 0", lambda v: v >= 0)
 
@@ -142,8 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="plain vs speculative modes on a prompt set: JSON + PNG")
     p.add_argument("dir", nargs="?", help="export directory (default: the default pair)")
-    p.add_argument("--modes", default="plain,k1,k2,k4,k6,adaptive",
-                   help="comma-separated: plain, k<K>, adaptive, adaptive@<ms> (default %(default)s)")
+    p.add_argument("--modes", default=None,
+                   help="comma-separated: plain, k<K>, adaptive, adaptive@<ms> (default plain,k1,k2,k4,k6,adaptive; "
+                        "with --context plain,adaptive)")
+    p.add_argument("--context", type=_contexts, default=None,
+                   help="context sweep instead of the prompt set: decode and prefill tok/s after pasts of these "
+                        "lengths, e.g. 128,1024,2048,3500")
+    p.add_argument("--also", action="append", default=[], metavar="DIR",
+                   help="with --context: another export measured side by side in the same run (repeatable)")
     p.add_argument("--latency-budget-ms", type=_latency_ms, default=None, help="also run adaptive@<this budget>")
     p.add_argument("--prompts", help="prompt file (JSON lines {class, prompt} or one prompt per line)")
     p.add_argument("--per-class", type=_pos_int, default=None, help="built-in prompts per class (default all)")
@@ -237,7 +251,7 @@ def _cmd_info(a) -> int:
         print(f"{role}: {g.architecture}, {g.num_layers} layers, {g.num_kv_heads} KV heads × {g.head_dim}, "
               f"logits {g.vocab_size}, {q.precision}"
               + (f" (block {q.block_size}, accuracy level {q.accuracy_level})" if q.block_size else "")
-              + f", lm_head {q.lm_head_bits} bits")
+              + f", lm_head {q.lm_head_bits} bits, graph format {g.graph_format}")
         print(f"  source: {g.source}  sha256 {g.source_sha256[:16]}…")
         v = g.validation.get("fp32", {})
         if v:
@@ -340,7 +354,11 @@ def _write_json(path: Path, data) -> None:
 def _cmd_bench(a) -> int:
     from .bench import Mode, format_bench, plot, run_bench
 
-    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    if a.context is not None:
+        return _cmd_context_sweep(a)
+    if a.also:
+        raise EdgespecError("--also needs --context")
+    modes = [m.strip() for m in (a.modes or "plain,k1,k2,k4,k6,adaptive").split(",") if m.strip()]
     if a.latency_budget_ms is not None:
         modes.append(f"adaptive@{a.latency_budget_ms:g}")
     for m in modes:
@@ -365,6 +383,34 @@ def _cmd_bench(a) -> int:
         print(json.dumps(result))
     else:
         print(format_bench(result))
+        print(f"wrote {json_out} and {png_out}")
+    return 0
+
+
+def _cmd_context_sweep(a) -> int:
+    from .bench import Mode
+    from .context_bench import context_sweep, format_sweep, plot_sweep
+
+    modes = [m.strip() for m in (a.modes or "plain,adaptive").split(",") if m.strip()]
+    for m in modes:
+        Mode.parse(m)
+    dirs = [_export_dir(a.dir, auto_export=False)] + [_export_dir(d, auto_export=False) for d in a.also]
+    base = next((a.out[:-len(x)] for x in (".json", ".png") if a.out.endswith(x)), a.out)
+    json_out, png_out = Path(base + ".json"), Path(base + ".png")
+    if not json_out.parent.is_dir():
+        raise EdgespecError(f"{json_out.parent}: no such directory for --out")
+    try:
+        result = context_sweep(dirs, a.context, modes, a.max_new_tokens, a.provider, a.threads, a.repeats)
+    except ValueError as e:
+        raise EdgespecError(str(e)) from None
+    result["command"] = "edgespec " + " ".join(sys.argv[1:])
+    _write_json(json_out, result)
+    try:
+        plot_sweep(result, png_out)
+    except ImportError:
+        print("edgespec: matplotlib is not installed: no plot (pip install 'edgespec[bench]')", file=sys.stderr)
+    print(json.dumps(result) if a.json else format_sweep(result))
+    if not a.json:
         print(f"wrote {json_out} and {png_out}")
     return 0
 

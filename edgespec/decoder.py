@@ -13,7 +13,7 @@ from typing import Iterator
 import numpy as np
 
 from .generation import Generation, GenerationOptions
-from .kpolicy import FixedK, KPolicy, Offer, RoundPlan, RoundResult, Situation
+from .kpolicy import FixedK, KPolicy, RoundPlan, RoundResult, Situation
 from .manifest import Manifest, load_manifest
 from .onnx_model import KVCache, OnnxLM, use_shared_thread_pool
 from .proposers import Proposer, resolve
@@ -292,7 +292,7 @@ class SpecDecoder:
             return RoundPlan()
         L = len(self.tokens) - 1
         lag = L + 1 - self.dcache.length if self.dcache is not None else 0
-        offers = tuple(Offer(p, p.limit(self.tokens, cap)) for p in proposers)
+        offers = tuple(p.offer(self.tokens, cap) for p in proposers)
         plan = policy.choose(Situation(offers, lag, remaining))
         if plan.proposer is not None and plan.proposer not in proposers:
             return RoundPlan()  # asked for a source this generation does not use
