@@ -33,7 +33,7 @@ def tiny_pair(root: Path) -> Path:
     sys.path.insert(0, str(ROOT / "tests"))
     from tinymodels import build_model
 
-    from edgespec_export import ExportOptions, export_pair
+    from edgespec.export import ExportOptions, export_pair
 
     t = build_model(root / "target", "qwen2", seed=0, layers=2, hidden=64)
     d = build_model(root / "draft", "qwen2", seed=0, noise=0.1)
