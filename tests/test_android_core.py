@@ -1,8 +1,9 @@
 """The TypeScript core (android_demo/core) against the Python runtime, on exports made in this run.
 
 Opt-in (``pytest --android-core``; CI runs it after ``npm ci`` in android_demo/core): writes test vectors with
-``android_demo/core/scripts/make_vectors.py`` for the tiny pair and the tiny self-pair (draft == target), then
-runs ``npm test`` on them; with ``--real-pair`` also on the real default pair in the user cache.
+``android_demo/core/scripts/make_vectors.py`` for the tiny pair in graph formats 2 and 3 and the tiny self-pair
+(draft == target), then runs ``npm test`` on them; with ``--real-pair`` also on the real default pair in the
+user cache.
 """
 
 from __future__ import annotations
@@ -41,11 +42,15 @@ def _npm_test(vectors: list[Path]) -> str:
     return out
 
 
-def test_core_on_the_tiny_exports(tiny_export, tiny_self_export, tmp_path):
+def test_core_on_the_tiny_exports(home, tiny_dirs, tiny_self_export, tmp_path_factory, tmp_path):
+    from conftest import _pair
+
     make = _make_vectors()
     vectors = []
-    # the self-pair's sampling check is mostly about full acceptance: fewer draws
-    for name, d, draws in (("pair", tiny_export, 2000), ("self", tiny_self_export, 500)):
+    pairs = [("pair2", _pair(tmp_path_factory, tiny_dirs, "core2", "draft", 2), 2000),
+             ("pair3", _pair(tmp_path_factory, tiny_dirs, "core3", "draft", 3), 1000),
+             ("self", tiny_self_export, 500)]  # the self-pair's sampling check is mostly about full acceptance
+    for name, d, draws in pairs:
         vectors.append(tmp_path / f"{name}.json")
         assert make([str(d), str(vectors[-1]), "--new-tokens", "24", "--draws", str(draws)]) == 0
     _npm_test(vectors)

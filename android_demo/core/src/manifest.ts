@@ -1,14 +1,17 @@
 /**
  * The export contract: `edgespec.json` read into typed, frozen data (the TypeScript twin of
- * edgespec/manifest.py). The core reads manifest format 1 with graph formats 1 and 2 (format 2 adds an
- * optional `logits_keep` input that onnxruntime's JavaScript API cannot feed, so the core slices logits
- * afterwards, as the Python runtime does for format-1 graphs). Anything else is refused with one clear error.
+ * edgespec/manifest.py). The core reads manifest format 1 with graph formats 1–3 (a graph's `graph_format`,
+ * absent = 2): 2 adds an optional `logits_keep` input that onnxruntime's JavaScript API cannot feed (the core
+ * slices logits afterwards, as the Python runtime does for format 1); 3 has an in-place KV buffer and fused
+ * attention (see kvcache.ts). Anything else is refused with one clear error.
  */
 import { EdgespecError } from "./errors.js";
 
 export const MANIFEST_NAME = "edgespec.json";
 /** Manifest `format` values this core reads. */
 export const SUPPORTED_FORMATS: readonly number[] = [1];
+/** The newest graph format (GraphSpec.graph_format) this core reads. */
+export const GRAPH_FORMAT = 3;
 
 /** How a graph's weights were quantized (int4 MatMulNBits, int8 dynamic, or fp32). */
 export interface Quantization {
@@ -37,6 +40,9 @@ export interface GraphSpec {
   readonly output_names: readonly string[];
   /** .npy of int64 target ids, one per output of a pruned draft head (draft only), or null. */
   readonly kept_token_ids: string | null;
+  /** 1–2: traced graph, KV concatenated per run; 3: past and present are one buffer of capacity C ≥ P+T
+   * (past in its first P rows, P = mask width − T), updated in place; `logits_keep` int64 (1,) is an input. */
+  readonly graph_format: number;
 }
 
 /** Token ids; `stop` ends generation. */
@@ -100,6 +106,7 @@ const GRAPH: Record<string, [Kind, boolean]> = {
   path: ["str", true], architecture: ["str", true], num_layers: ["pos", true], num_kv_heads: ["pos", true],
   head_dim: ["pos", true], vocab_size: ["pos", true], context_length: ["pos", true], quantization: ["object", true],
   input_names: ["names", true], output_names: ["names", true], kept_token_ids: ["str?", false],
+  graph_format: ["pos", false],
 };
 const QUANT: Record<string, [Kind, boolean]> = {
   precision: ["str", true], block_size: ["pos?", false], accuracy_level: ["nonneg?", false], lm_head_bits: ["pos?", false],
@@ -121,6 +128,10 @@ function insideExport(p: string, where: string): string {
 
 function graph(d: unknown, role: string): GraphSpec {
   const g = fields(d, role, GRAPH);
+  g.graph_format = g.graph_format ?? 2;
+  if (g.graph_format > GRAPH_FORMAT)
+    throw new EdgespecError(`${role}.graph_format is ${g.graph_format}; this edgespec core reads graph formats up to ` +
+      `${GRAPH_FORMAT} (update the app or export again)`);
   insideExport(g.path, `${role}.path`);
   if (g.kept_token_ids !== null) insideExport(g.kept_token_ids, `${role}.kept_token_ids`);
   const q = fields(g.quantization, `${role}.quantization`, QUANT);
@@ -128,7 +139,7 @@ function graph(d: unknown, role: string): GraphSpec {
   const want = ["input_ids", "position_ids", "attention_mask"];
   for (let i = 0; i < g.num_layers; i++) want.push(`past_key_values.${i}.key`, `past_key_values.${i}.value`);
   const missing = want.filter((n) => !g.input_names.includes(n));
-  if (missing.length) throw new EdgespecError(`${role}.input_names lacks ${missing.slice(0, 3).join(", ")} (not an edgespec graph of graph format 1–2)`);
+  if (missing.length) throw new EdgespecError(`${role}.input_names lacks ${missing.slice(0, 3).join(", ")} (not an edgespec graph)`);
   return Object.freeze({ ...g, quantization: Object.freeze(q), input_names: Object.freeze([...g.input_names]),
     output_names: Object.freeze([...g.output_names]) }) as GraphSpec;
 }
@@ -149,7 +160,7 @@ export function parseManifest(text: string, where: string = MANIFEST_NAME): Mani
   if (!("format" in r)) throw new EdgespecError(`${where}: not an edgespec manifest (it has no "format" field)`);
   if (!isInt(r.format) || !SUPPORTED_FORMATS.includes(r.format))
     throw new EdgespecError(`${where}: manifest format ${show(r.format)}, this edgespec core reads format ` +
-      `${SUPPORTED_FORMATS.join(", ")} (graph formats 1–2); re-export with a matching edgespec or update the app`);
+      `${SUPPORTED_FORMATS.join(", ")} (graph formats 1–${GRAPH_FORMAT}); re-export with a matching edgespec or update the app`);
   try {
     const m = fields(r, "", TOP);
     const st = fields(m.special_tokens, "special_tokens", SPECIAL);

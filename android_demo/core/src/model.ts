@@ -55,22 +55,35 @@ export class OnnxLM {
       throw new EdgespecError(`${files.dir}: ${role} graph ${spec.path} is missing (incomplete export)`);
     const { session, provider: used, fallbackReason } = await openSession(ort, files.graphPath(spec.path), provider, threads);
     const lacks = (have: readonly string[], want: readonly string[]) => want.filter((n) => !have.includes(n));
-    const missingIn = lacks(session.inputNames, spec.input_names);
+    const missingIn = lacks(session.inputNames, [...spec.input_names, ...(spec.graph_format >= 3 ? ["logits_keep"] : [])]);
     const missingOut = lacks(session.outputNames, ["logits", ...spec.output_names]);
     if (missingIn.length || missingOut.length)
       throw new EdgespecError(`${files.dir}/${spec.path}: the ${role} graph does not match the manifest ` +
         `(no ${[...missingIn, ...missingOut].slice(0, 3).join(", ")})`);
+    const extra = lacks([...spec.input_names, "logits_keep"], session.inputNames);
+    const unfed = spec.graph_format < 3 && session.inputNames.includes("logits_keep") ? ["logits_keep"] : [];
+    if (extra.length || unfed.length)
+      throw new EdgespecError(`${files.dir}/${spec.path}: the ${role} graph does not match the manifest ` +
+        `(inputs it does not list for graph format ${spec.graph_format}: ${[...extra, ...unfed].slice(0, 3).join(", ")})`);
     return new OnnxLM(ort, spec, session, used, fallbackReason, role);
   }
 
+  /** Graph format 3: past and present share one buffer that the graph updates in place. */
+  get inPlace(): boolean {
+    return this.spec.graph_format >= 3;
+  }
+
   newCache(): KVCache {
-    return new KVCache(this.spec.num_layers, this.spec.num_kv_heads, this.spec.head_dim);
+    return new KVCache(this.spec.num_layers, this.spec.num_kv_heads, this.spec.head_dim, this.inPlace,
+      this.spec.context_length);
   }
 
   /**
    * Run `ids` (T,) after the cached positions; appends T positions to `cache`. Returns logits float32
-   * (T, V), or with `keep` = N > 0 those of the last N rows (as a view; the graph still computes every row:
-   * the JavaScript API cannot feed graph format 2's `logits_keep`).
+   * (T, V), or with `keep` = N > 0 those of the last N rows (min(N, T), V). Graph format 3 takes
+   * `logits_keep` as an input and computes the head for those rows only; format 2's `logits_keep` is an
+   * overridable initializer that onnxruntime's JavaScript API cannot feed, so there every row is computed
+   * and the last N are a view.
    */
   async forward(ids: readonly number[], cache: KVCache, keep = 0): Promise<Logits> {
     const { Tensor } = this.ort;
@@ -83,19 +96,32 @@ export class OnnxLM {
       position_ids: new Tensor("int64", pos, [1, t]),
       attention_mask: new Tensor("bool", causalMask(p, t), [1, 1, t, p + t]),
     };
+    const fetches: Record<string, InstanceType<OrtApi["Tensor"]> | null> = { logits: null };
+    if (this.inPlace) {
+      cache.reserve(p + t);
+      feeds.logits_keep = new Tensor("int64", BigInt64Array.of(BigInt(keep)), [1]);
+    }
     const dims = cache.dims();
-    this.pastNames.forEach((name, i) => { feeds[name] = new Tensor("float32", cache.tensors[i], dims); });
+    this.pastNames.forEach((name, i) => {
+      feeds[name] = new Tensor("float32", cache.tensors[i], dims);
+      // format 3: the present is the same buffer (a pre-allocated output); runtimes that ignore it return a copy
+      fetches[this.presentNames[i]] = this.inPlace ? feeds[name] : null;
+    });
     let out: Record<string, { data: unknown; dims: readonly number[] }>;
     try {
-      out = await this.session.run(feeds);
+      out = await this.session.run(feeds, fetches);
     } catch (e) {
       throw new EdgespecError(`the ${this.role} graph failed to run (${firstLine(e)})`);
     }
-    cache.set(this.presentNames.map((n) => out[n].data as Float32Array), p + t);
+    if (this.inPlace) {
+      this.presentNames.forEach((n, i) => { if (out[n].data !== cache.tensors[i]) cache.tensors[i] = out[n].data as Float32Array; });
+      cache.length = p + t;
+    } else cache.set(this.presentNames.map((n) => out[n].data as Float32Array), p + t);
     const logits = out.logits;
     const vocab = logits.dims[2];
     const data = logits.data as Float32Array;
-    if (keep > 0 && keep < t) return new Logits(data.subarray((t - keep) * vocab), keep, vocab);
-    return new Logits(data, t, vocab);
+    const rows = logits.dims[1];
+    if (keep > 0 && keep < rows) return new Logits(data.subarray((rows - keep) * vocab), keep, vocab);
+    return new Logits(data, rows, vocab);
   }
 }

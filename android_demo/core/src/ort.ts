@@ -19,7 +19,8 @@ export interface TensorLike {
 export interface SessionLike {
   readonly inputNames: readonly string[];
   readonly outputNames: readonly string[];
-  run(feeds: Record<string, TensorLike>): Promise<Record<string, TensorLike>>;
+  /** `fetches`: output names → null, or a Tensor to write that output into (a pre-allocated output). */
+  run(feeds: Record<string, TensorLike>, fetches?: Record<string, TensorLike | null>): Promise<Record<string, TensorLike>>;
   release?(): Promise<void>;
 }
 

@@ -65,6 +65,12 @@ for (const v of tiny) {
       };
       await rejects(copy("format3", edit((m) => ({ ...m, format: 3 }))), /manifest format 3, this edgespec core reads format 1/);
       await rejects(copy("format0", edit((m) => ({ ...m, format: 0 }))), /manifest format 0/);
+      await rejects(copy("graph4", edit((m) => ({ ...m, draft: { ...(m.draft as object), graph_format: 4 } }))),
+        /draft\.graph_format is 4; this edgespec core reads graph formats up to 3/);
+      // a manifest that claims the other graph format than its graph has
+      const other = (m: Record<string, unknown>) => ((m.target as { graph_format?: number }).graph_format ?? 2) >= 3 ? 2 : 3;
+      await rejects(copy("mismatch", edit((m) => ({ ...m, target: { ...(m.target as object), graph_format: other(m) } }))),
+        /does not match the manifest|failed to run|cannot load/);
       await rejects(copy("nolayers", edit((m) => ({ ...m, target: { ...(m.target as object), num_layers: "2" } }))),
         /target\.num_layers must be a positive integer/);
       await rejects(copy("garbage", (d) => writeFileSync(path.join(d, "edgespec.json"), "{ not json")), /not valid JSON/);

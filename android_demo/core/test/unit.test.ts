@@ -93,6 +93,24 @@ test("KVCache.crop keeps the first n positions of every head", () => {
   assert.equal(c.length, 2);
 });
 
+test("KVCache in place (graph format 3): crop is a length change, reserve doubles and keeps the rows", () => {
+  const c = new KVCache(1, 2, 1, true, 2000);
+  c.reserve(3);
+  assert.equal(c.capacity, 512);
+  c.tensors[0][0] = 7; // head 0, row 0
+  c.tensors[0][512 + 2] = 9; // head 1, row 2
+  c.length = 3;
+  c.crop(2);
+  assert.equal(c.length, 2);
+  assert.equal(c.capacity, 512);
+  c.length = 3;
+  c.reserve(1500);
+  assert.equal(c.capacity, 1600 > 2000 ? 0 : 2000);
+  assert.equal(c.tensors[0][0], 7);
+  assert.equal(c.tensors[0][2000 + 2], 9);
+  assert.throws(() => c.reserve(2001), /longer than the model's 2000/);
+});
+
 test("causalMask: past visible, new keys up to the query", () => {
   assert.deepEqual([...causalMask(1, 2)], [1, 1, 0, 1, 1, 1]);
 });
@@ -111,6 +129,12 @@ test("manifest: format 1 reads; other formats, bad JSON and bad fields give one 
   assert.equal(parseManifest(manifest()).target.num_layers, 1);
   assert.throws(() => parseManifest(manifest({ format: 3 })), /manifest format 3, this edgespec core reads format 1/);
   assert.throws(() => parseManifest(manifest({ format: 2 })), /manifest format 2/);
+  const g4 = JSON.parse(manifest());
+  g4.draft.graph_format = 4;
+  assert.throws(() => parseManifest(JSON.stringify(g4)), /draft\.graph_format is 4; this edgespec core reads graph formats up to 3/);
+  g4.draft.graph_format = 3;
+  assert.equal(parseManifest(JSON.stringify(g4)).draft.graph_format, 3);
+  assert.equal(parseManifest(manifest()).target.graph_format, 2);
   assert.throws(() => parseManifest("{"), /not valid JSON/);
   assert.throws(() => parseManifest("[]"), /not an edgespec manifest/);
   assert.throws(() => parseManifest(JSON.stringify({ name: "x" })), /no "format" field/);
