@@ -30,6 +30,8 @@ export interface SessionOptionsLike {
   graphOptimizationLevel?: "disabled" | "basic" | "extended" | "all";
   intraOpNumThreads?: number;
   logSeverityLevel?: 0 | 1 | 2 | 3 | 4;
+  /** Session config entries, nested by dots (`{ session: { intra_op: { allow_spinning: "0" } } }`). */
+  extra?: Record<string, unknown>;
 }
 
 /** The onnxruntime module: `InferenceSession.create` and the `Tensor` constructor. */
@@ -65,6 +67,8 @@ export async function openSession(ort: OrtApi, path: string, provider: string = 
     throw new EdgespecError(`unknown execution provider "${provider}" (one of ${PROVIDERS.join(", ")})`);
   const options = (ep: string): SessionOptionsLike => ({
     executionProviders: [ep], graphOptimizationLevel: "all", logSeverityLevel: 3,
+    // the draft's and the target's thread pools must not spin-wait on the same few cores between runs
+    extra: { session: { intra_op: { allow_spinning: "0" } } },
     ...(threads ? { intraOpNumThreads: threads } : {}),
   });
   let fallbackReason: string | null = null;

@@ -7,6 +7,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { AdaptiveK, calibrate } from "../src/adaptive.js";
 import type { SpecDecoder } from "../src/decoder.js";
+import { ChatSession, DEFAULT_SETTINGS } from "../src/chat.js";
 import { firstTokenCheck, greedyCheck, plainGreedyWithGaps } from "../src/evaluate.js";
 import { generate } from "../src/generation.js";
 import { loadNodeDecoder } from "../src/node.js";
@@ -93,6 +94,31 @@ for (const v of all) {
       assert.equal(fresh.stats.reusedTokens, 0);
       const div = firstDifference(b.tokenIds, fresh.tokenIds);
       assert.equal(div, null, `turn 2 after reuse ${b.tokenIds} vs fresh ${fresh.tokenIds}`);
+    });
+
+    test("chat session: turns with KV reuse, adaptive K from a cost model, a stopped reply kept", async () => {
+      const chat = new ChatSession(dec, "You are terse.");
+      assert.throws(() => chat.send("hi", DEFAULT_SETTINGS), /calibrate first/);
+      assert.throws(() => chat.send("  ", { ...DEFAULT_SETTINGS, k: 2 }), /the message is empty/);
+      chat.setCostModel(await calibrate(dec.target, dec.draft!, 4, 32, 2));
+      const g1 = chat.send("def add(a, b):", { ...DEFAULT_SETTINGS, maxNewTokens: 6 });
+      const pieces: string[] = [];
+      for await (const c of g1.chunks()) pieces.push(c.text);
+      chat.finish(g1);
+      assert.equal(pieces.join(""), g1.text);
+      assert.deepEqual(chat.messages.map((m) => m.role), ["system", "user", "assistant"]);
+      const g2 = chat.send("and subtract?", { ...DEFAULT_SETTINGS, k: 3, maxNewTokens: 20, latencyBudgetMs: 1e6 });
+      for await (const _ of g2.chunks()) break; // the Stop button
+      chat.finish(g2);
+      assert.ok(g2.stats.reusedTokens > 0);
+      assert.equal(g2.stats.stopReason, "aborted");
+      assert.equal(chat.messages.length, 5);
+      chat.reset();
+      assert.deepEqual(chat.messages.map((m) => m.role), ["system"]);
+      assert.equal(dec.tokens.length, 0);
+      const long = "word ".repeat(v.context_length * 2);
+      assert.throws(() => chat.send(long, { ...DEFAULT_SETTINGS, k: 2 }), /the context holds/);
+      assert.equal(chat.messages.length, 1, "a refused message is not added");
     });
 
     test("streaming generation: text pieces, maxNewTokens, stats", async () => {

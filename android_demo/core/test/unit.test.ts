@@ -2,6 +2,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { AdaptiveK, expectedTokens, tVerify } from "../src/adaptive.js";
+import { checkSettings, DEFAULT_SETTINGS, parseCostModel } from "../src/chat.js";
 import { EdgespecError } from "../src/errors.js";
 import { KVCache } from "../src/kvcache.js";
 import { parseManifest } from "../src/manifest.js";
@@ -177,4 +178,15 @@ test("AdaptiveK: speculates when it pays, plain when acceptance collapses, a lat
   const kb = b.choose(1, 100);
   assert.ok(kb >= 1 && (kb * 10 + tVerify(cost, kb + 1)) * 1.15 <= 150, `K ${kb} over the budget`);
   assert.throws(() => new AdaptiveK(cost, { latencyBudgetMs: 0 }), EdgespecError);
+});
+
+test("chat settings and the cached cost model: bad values refused, a bad cache entry means measure again", () => {
+  assert.equal(checkSettings(DEFAULT_SETTINGS).k, "auto");
+  assert.throws(() => checkSettings({ ...DEFAULT_SETTINGS, k: -1 }), /K must be/);
+  assert.throws(() => checkSettings({ ...DEFAULT_SETTINGS, latencyBudgetMs: 0 }), /latency budget/);
+  assert.throws(() => checkSettings({ ...DEFAULT_SETTINGS, maxNewTokens: 0 }), /max new tokens/);
+  const good = { verifyMs: [100, 110], draftMs: 20, draftPrefillMs: 2 };
+  assert.deepEqual(parseCostModel(JSON.stringify(good)), good);
+  for (const bad of [null, "", "{", "[]", JSON.stringify({ ...good, draftMs: -1 }), JSON.stringify({ ...good, verifyMs: [1] })])
+    assert.equal(parseCostModel(bad), null);
 });
