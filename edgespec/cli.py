@@ -89,10 +89,12 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=_nonneg_int, default=None, help="fixed draft length K (default: adaptive)")
     p.add_argument("--latency-budget-ms", type=_latency_ms, default=None,
                    help="keep each round's predicted time under this many ms (adaptive K)")
-    p.add_argument("--mode", choices=("spec", "lookup", "plain"), default="spec",
-                   help="spec: draft model; lookup: prompt lookup only; plain: target only")
+    p.add_argument("--mode", choices=("spec", "lookup", "suffix", "plain"), default="spec",
+                   help="spec: draft model; lookup: prompt lookup only; suffix: suffix trees only; plain: target only")
     p.add_argument("--tree", action="store_true", help="token trees (with --k: the node budget)")
     p.add_argument("--lookup", action="store_true", help="prompt lookup first, the draft model when it has no match")
+    p.add_argument("--suffix", action="store_true",
+                   help="suffix trees over the conversation and earlier answers first (SuffixDecoding)")
     p.add_argument("--draft-p-min", type=_probability, default=None,
                    help="stop drafting when the draft's top probability falls below this")
     _add_provider_options(p)
@@ -288,14 +290,14 @@ def _load(a):
 
 
 def _proposers(a) -> tuple[str, ...]:
-    """--mode/--lookup/--tree as proposers in priority order: a fixed-size tree replaces the draft chain, an
-    adaptive one is offered beside it."""
+    """--mode/--suffix/--lookup/--tree as proposers in priority order: a fixed-size tree replaces the draft
+    chain, an adaptive one is offered beside it."""
     if a.mode == "plain":
         return ()
-    if a.mode == "lookup":
-        return ("lookup",)
+    if a.mode in ("lookup", "suffix"):
+        return (a.mode,)
     chain = (("tree",) if a.k is not None else ("draft", "tree")) if a.tree else ("draft",)
-    return (("lookup",) if a.lookup else ()) + chain
+    return (("suffix",) if a.suffix else ()) + (("lookup",) if a.lookup else ()) + chain
 
 
 def _k_policy(a, decoder):
