@@ -12,15 +12,18 @@ from tinymodels import build_model
 
 def pytest_addoption(parser):
     parser.addoption("--real-pair", action="store_true", help="also run the real Qwen2.5-Coder pair tier")
+    parser.addoption("--aarch64", action="store_true",
+                     help="also run scripts/aarch64-check.sh on the tiny export (root, qemu; ~15 min the first time)")
 
 
 def pytest_collection_modifyitems(config, items):
-    if config.getoption("--real-pair"):
-        return
-    skip = pytest.mark.skip(reason="real-pair tier: run with --real-pair")
-    for item in items:
-        if "real" in item.keywords:
-            item.add_marker(skip)
+    for marker, option in (("real", "--real-pair"), ("aarch64", "--aarch64")):
+        if config.getoption(option):
+            continue
+        skip = pytest.mark.skip(reason=f"{marker} tier: run with {option}")
+        for item in items:
+            if item.get_closest_marker(marker):
+                item.add_marker(skip)
 
 
 USER_HOME = os.environ.get("EDGESPEC_HOME")  # as the user set it, before the tiny tiers isolate it
