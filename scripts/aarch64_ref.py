@@ -46,9 +46,12 @@ def verdict(export_dir: Path, prompt: str, results: Path, label: str) -> int:
     ref = json.loads((results / "x86-plain.json").read_text())["token_ids"]
     parts, ok = [], True
     for mode in ("plain", "spec"):
-        other = json.loads((results / f"aarch64-{mode}.json").read_text())["token_ids"]
+        run = json.loads((results / f"aarch64-{mode}.json").read_text())
+        other = run["token_ids"]
         r = compare_greedy(dec, ids, ref, other)
         ok &= r["ok"]
+        if mode == "spec":
+            mode = f"spec (K=4, aarch64 alpha {run['stats']['alpha']:.2f})"
         if r["identical"]:
             parts.append(f"{mode} {len(other)}/{len(ref)} token ids equal")
         else:
