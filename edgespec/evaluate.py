@@ -47,27 +47,6 @@ def greedy_check(decoder, input_ids: list[int], max_new_tokens: int, k=4) -> dic
             "stats": spec.stats}
 
 
-<<<<<<< HEAD
-def compare_greedy(decoder, input_ids: list[int], reference: list[int], other: list[int]) -> dict:
-    """Greedy token ids of one prompt from two runs (e.g. x86 and aarch64), under the near-tie rule above.
-
-    ``reference`` and ``other`` are int token ids after ``input_ids``. At the first divergence the
-    ``decoder``'s target is teacher-forced on ``input_ids + reference[:i]`` and its top-1 minus top-2 logit
-    gap at that step is reported; ``ok`` is True when the lists are equal or that gap is below
-    :data:`NEAR_TIE_LOGIT_GAP` (a kernel difference can flip a near-tie, anything else is a bug). A run that
-    stops early (a stop token) diverges where the shorter list ends.
-    """
-    div = next((i for i, (x, y) in enumerate(zip(reference, other)) if x != y), None)
-    if div is None and len(reference) != len(other):
-        div = min(len(reference), len(other))
-    gap = None
-    if div is not None:
-        row = decoder.target.forward(list(input_ids) + list(reference[:div]), decoder.target.new_cache(), keep=1)[-1]
-        top = np.sort(row)[-2:]
-        gap = float(top[1] - top[0])
-    return {"identical": div is None, "first_divergence": div, "gap": gap, "equal_prefix": len(reference) if
-            div is None else div, "ok": div is None or gap < NEAR_TIE_LOGIT_GAP}
-=======
 def _plain_row(decoder, input_ids: list[int], new_ids: list[int]) -> np.ndarray:
     """The target's logits float32 (V,) after ``input_ids`` + ``new_ids``, computed as plain decoding computes
     them (the prompt in prefill chunks, then one-token steps), so that a near-tie is measured on the very
@@ -78,7 +57,26 @@ def _plain_row(decoder, input_ids: list[int], new_ids: list[int]) -> np.ndarray:
     for t in new_ids:
         row = decoder.target.forward([t], cache)[-1]
     return row
->>>>>>> main
+
+
+def compare_greedy(decoder, input_ids: list[int], reference: list[int], other: list[int]) -> dict:
+    """Greedy token ids of one prompt from two runs (e.g. x86 and aarch64), under the near-tie rule above.
+
+    ``reference`` and ``other`` are int token ids after ``input_ids``. At the first divergence i the
+    ``decoder``'s target is teacher-forced on ``input_ids + reference[:i]`` as plain decoding runs it, and
+    its top-1 minus top-2 logit gap there is reported; ``ok`` is True when the lists are equal or that gap
+    is below :data:`NEAR_TIE_LOGIT_GAP` (a kernel difference can flip a near-tie, anything else is a bug).
+    A run that stops early (a stop token) diverges where the shorter list ends.
+    """
+    div = next((i for i, (x, y) in enumerate(zip(reference, other)) if x != y), None)
+    if div is None and len(reference) != len(other):
+        div = min(len(reference), len(other))
+    gap = None
+    if div is not None:
+        top = np.sort(_plain_row(decoder, list(input_ids), list(reference[:div])))[-2:]
+        gap = float(top[1] - top[0])
+    return {"identical": div is None, "first_divergence": div, "gap": gap, "equal_prefix": len(reference) if
+            div is None else div, "ok": div is None or gap < NEAR_TIE_LOGIT_GAP}
 
 
 def first_token_check(decoder, input_ids: list[int], sp: SamplingParams, draws: int, k: int = 4,

@@ -17,7 +17,7 @@ SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "aarch64-check.sh"
 def test_compare_greedy_accepts_equal_ids_and_judges_a_divergence_by_the_gap(tiny_export):
     dec = SpecDecoder.load(tiny_export, load_draft=False)
     ids = dec.encode(messages=[{"role": "user", "content": "def add(a, b):"}])
-    ref = dec.generate(input_ids=ids, max_new_tokens=8, mode="plain").run().token_ids
+    ref = dec.generate(input_ids=ids, max_new_tokens=8, proposers=()).run().token_ids
     assert compare_greedy(dec, ids, ref, list(ref)) == {"identical": True, "first_divergence": None, "gap": None,
                                                          "equal_prefix": len(ref), "ok": True}
     row = dec.target.forward(ids + ref[:3], dec.target.new_cache(), keep=1)[-1]
@@ -25,7 +25,7 @@ def test_compare_greedy_accepts_equal_ids_and_judges_a_divergence_by_the_gap(tin
     other = ref[:3] + [second] + ref[4:]
     r = compare_greedy(dec, ids, ref, other)
     top = sorted(row)[-2:]
-    assert r["first_divergence"] == 3 and r["gap"] == pytest.approx(float(top[1] - top[0]), abs=1e-5)
+    assert r["first_divergence"] == 3 and r["gap"] == pytest.approx(float(top[1] - top[0]), abs=1e-3)
     assert r["ok"] == (r["gap"] < NEAR_TIE_LOGIT_GAP)
     short = compare_greedy(dec, ids, ref, ref[:5])
     assert short["first_divergence"] == 5 and not short["identical"]
