@@ -28,7 +28,7 @@ def tiny(out: Path) -> None:
     sys.path.insert(0, str(REPO / "tests"))
     from tinymodels import build_model
 
-    from edgespec_export import ExportOptions, export_pair
+    from edgespec.export import ExportOptions, export_pair
 
     with tempfile.TemporaryDirectory() as tmp:
         target = build_model(Path(tmp) / "target", "qwen2", seed=0, layers=2, hidden=64)
