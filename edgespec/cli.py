@@ -1,4 +1,4 @@
-"""``edgespec`` command line: export, chat, generate, info (and bench/eval).
+"""``edgespec`` command line: export, chat, generate, serve, info (and bench/eval).
 
 Every user error ends as one line on stderr and exit code 2 (1 for runtime failures); never a traceback.
 """
@@ -55,6 +55,10 @@ def _pos_int(s: str) -> int:
     return _checked_int(s, "an integer ≥ 1", lambda v: v >= 1)
 
 
+def _checked_port(s: str) -> int:
+    return _checked_int(s, "a port in [1, 65535]", lambda v: 1 <= v <= 65535)
+
+
 def _contexts(s: str) -> list[int]:
     """Comma-separated context lengths, each ≥ 1, e.g. ``128,1024,2048,3500``."""
     parts = [x.strip() for x in s.split(",") if x.strip()]
@@ -109,7 +113,7 @@ def _add_provider_options(p: argparse.ArgumentParser) -> None:
                    help="an option of the execution provider, e.g. backend_path=libQnnHtp.so (repeatable)")
 
 
-_COMMANDS = ("export", "chat", "generate", "bench", "eval", "info")
+_COMMANDS = ("export", "chat", "generate", "serve", "bench", "eval", "info")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,6 +149,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", help="the user message (default: read stdin)")
     p.add_argument("--raw", action="store_true", help="no chat template: the prompt is fed as is")
     p.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
+
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the serve extra)")
+    _add_generation_options(p)  # the sampling flags are the defaults of requests that do not set them
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s: loopback only)")
+    p.add_argument("--port", type=_checked_port, default=8080)
+    p.add_argument("--max-queue", type=_nonneg_int, default=8,
+                   help="requests that may wait while one generates; more get 429 (default %(default)s)")
+    p.add_argument("--max-body-bytes", type=_pos_int, default=4 << 20, help="larger request bodies get 413")
 
     p = sub.add_parser("bench", help="plain vs speculative modes on a prompt set: JSON + PNG")
     p.add_argument("dir", nargs="?", help="export directory (default: the default pair)")
@@ -341,6 +353,19 @@ def _cmd_generate(a) -> int:
     return 0
 
 
+def _cmd_serve(a) -> int:
+    try:
+        from . import serve
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise EdgespecError("the server needs the serve extra: pip install -e '.[serve]' in the edgespec checkout "
+                            "(or pip install 'edgespec[serve]')") from None
+    dec = _load(a)
+    engine = serve.Engine(dec, _gen_kwargs(a, dec), a.max_queue, a.max_new_tokens)
+    return serve.serve(engine, a.host, a.port, a.max_body_bytes)
+
+
 def _prompt_set(a):
     from . import prompts
 
@@ -460,6 +485,8 @@ def _run(a) -> int:
         return _cmd_eval(a)
     if a.command == "generate":
         return _cmd_generate(a)
+    if a.command == "serve":
+        return _cmd_serve(a)
     if a.command == "chat":
         from .chat import run_chat
 
