@@ -69,12 +69,37 @@ sys.exit(code)
 """
 
 
-def run_one(memory: SessionMemory, argv: list[str], stdin_text: str, tmp: Path) -> dict:
+# The soak child: the target alone, a 20-token prefill, then N one-token steps (no tokenizer involved, so it
+# also runs on random-weight exports); same trace format as CHILD.
+SOAK = r"""
+import json, sys
+import edgespec.onnx_model as om
+from edgespec.manifest import load_manifest
+om.DEFAULT_MEMORY = om.SessionMemory(**json.loads(sys.argv[1]))
+export, steps = sys.argv[3], int(sys.argv[4])
+page_mb = __import__("os").sysconf("SC_PAGE_SIZE") / 2**20
+om.use_shared_thread_pool()
+lm = om.OnnxLM(load_manifest(export).target, export)
+cache = lm.new_cache()
+lm.forward(list(range(100, 120)), cache, keep=1)
+t0 = __import__("time").perf_counter()
+with open(sys.argv[2], "w") as log:
+    for i in range(steps):
+        lm.forward([100 + i % 300], cache)
+        if i % 50 == 0 or i == steps - 1:
+            with open("/proc/self/statm") as f:
+                rss, shared = (int(x) * page_mb for x in f.read().split()[1:3])
+            log.write(f"{cache.length} {rss:.1f} {shared:.1f}\n")
+print(json.dumps({"stats": {"tokens_per_s": steps / (__import__("time").perf_counter() - t0)}}))
+"""
+
+
+def run_one(memory: SessionMemory, argv: list[str], stdin_text: str, tmp: Path, child: str = CHILD) -> dict:
     """One process: peak RSS (MB), RSS after the first target run, growth per context token, decode tok/s."""
     trace = tmp / "trace.txt"
     (tmp / "stdin.txt").write_text(stdin_text)
     with open(tmp / "stdin.txt") as fin, open(tmp / "out.txt", "w") as fout, open(tmp / "err.txt", "w") as ferr:
-        p = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(dataclasses.asdict(memory)), str(trace), *argv],
+        p = subprocess.Popen([sys.executable, "-c", child, json.dumps(dataclasses.asdict(memory)), str(trace), *argv],
                              stdin=fin, stdout=fout, stderr=ferr)
         _, status, usage = os.wait4(p.pid, 0)
     err = (tmp / "err.txt").read_text()
@@ -104,6 +129,9 @@ def main() -> int:
     ap.add_argument("--commands", default="chat,chat-target-only,plain")
     ap.add_argument("--turns", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=120)
+    ap.add_argument("--soak", type=int, default=0, metavar="N",
+                    help="instead: the target alone, N one-token steps after a 20-token prefill (RSS growth per "
+                         "context token; runs on random-weight exports too)")
     ap.add_argument("--out", default=None, help="also write the JSON result here")
     a = ap.parse_args()
     settings = {name: SessionMemory.named(name) for name in a.settings.split(",")}
@@ -119,11 +147,11 @@ def main() -> int:
                 "plain": (["generate", d, "--json", "--mode", "plain", "--max-new-tokens", "256",
                            "--prompt", TURNS[0]], ""),
             }
-            for cmd in a.commands.split(","):
-                argv, stdin_text = commands[cmd]
+            for cmd in ["soak"] if a.soak else a.commands.split(","):
+                argv, stdin_text = commands[cmd] if cmd != "soak" else ([d, str(a.soak)], "")
                 for name, mem in settings.items():
                     r = {"export": d, "graph_format": fmt, "command": cmd, "setting": name,
-                         **run_one(mem, argv, stdin_text, Path(tmp))}
+                         **run_one(mem, argv, stdin_text, Path(tmp), SOAK if cmd == "soak" else CHILD)}
                     result["runs"].append(r)
                     g = r["growth_mb_per_token"]
                     print(f"{Path(d).name} (format {fmt}) {cmd:17s} {name:13s} peak {r['peak_rss_mb']:6.0f} MB"
