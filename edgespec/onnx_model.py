@@ -13,6 +13,7 @@ import numpy as np
 import onnxruntime as ort
 
 from .errors import EdgespecError
+from .integrity import check_graph
 from .manifest import GraphSpec
 
 PROVIDERS = {
@@ -121,8 +122,10 @@ class OnnxLM:
     (Qwen2.5-Coder 1.5B/0.5B int4, K=4, greedy), 39 tok/s against 35 speculative, 31 against 28 plain.
     """
 
-    def __init__(self, spec: GraphSpec, export_dir: str | Path, provider: str = "cpu", threads: int | None = None):
+    def __init__(self, spec: GraphSpec, export_dir: str | Path, provider: str = "cpu", threads: int | None = None,
+                 role: str = "target"):
         self.spec = spec
+        self.vocab_limit: int | None = None  # logits columns past this are cut off (ids the tokenizer lacks)
         self.export_dir = Path(export_dir)
         so = session_options(threads)
         path = self.export_dir / spec.path
@@ -135,6 +138,7 @@ class OnnxLM:
         self._past = [n for pair in spec.past_names() for n in pair]
         self._outputs = ["logits"] + [f"present.{i}.{kind}" for i in range(spec.num_layers)
                                       for kind in ("key", "value")]
+        check_graph(self.session, spec, role, path, self._past, self._outputs)
         # exports since graph format 2 can compute the head for the last rows only (see forward's ``keep``)
         self.has_logits_keep = any(i.name == "logits_keep" for i in self.session.get_overridable_initializers())
 
@@ -148,7 +152,8 @@ class OnnxLM:
         ``position_ids`` int64 (T,) defaults to ``cache.length + arange(T)``; ``mask`` bool (1, 1, T, P+T)
         defaults to causal. Returns logits float32 (T, V), or with ``keep`` = N > 0 those of the last N rows
         only, (min(N, T), V): the graph then skips the output head for the other rows (a prefill or catch-up
-        needs one row), if the export has the ``logits_keep`` input; older exports slice afterwards.
+        needs one row), if the export has the ``logits_keep`` input; older exports slice afterwards. With
+        ``vocab_limit`` set, V is cut to it (a head padded past the tokenizer's ids).
         """
         ids = np.asarray(ids, dtype=np.int64)
         p, t = cache.length, len(ids)
@@ -161,4 +166,5 @@ class OnnxLM:
             feeds["logits_keep"] = np.array([keep], dtype=np.int64)
         out = self.session.run(self._outputs, feeds)
         cache.tensors = out[1:]
-        return out[0][0][-keep:] if keep > 0 else out[0][0]
+        logits = out[0][0][-keep:] if keep > 0 else out[0][0]
+        return logits[:, :self.vocab_limit] if self.vocab_limit is not None else logits
