@@ -302,11 +302,10 @@ def calibrate(decoder, k_max: int = 6, context: int = 128, reps: int = 5, use_ca
     pair. The result is cached per device, export and execution provider under the user cache.
     """
     path = _calibration_path(decoder, k_max)
-    if use_cache and path.is_file():
-        try:
-            return CostModel(**json.loads(path.read_text()))
-        except (ValueError, TypeError):
-            pass
+    if use_cache:
+        cached = _read_cost(path, k_max)
+        if cached is not None:
+            return cached
     rng = np.random.default_rng(0)
     ids = rng.integers(0, min(decoder.width, 1000), size=context + k_max + 1).tolist()
 
@@ -335,8 +334,25 @@ def calibrate(decoder, k_max: int = 6, context: int = 128, reps: int = 5, use_ca
     draft = timed(decoder.draft, [1])[1] if decoder.draft is not None else verify[0]
     cost = CostModel(verify_ms=verify, draft_ms=draft,
                      draft_prefill_ms=prefill.get(decoder.draft, prefill[decoder.target]))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(asdict(cost)))
-    os.replace(tmp, path)
+    if paths.cache_dir("calibration") is not None:  # else: measured again next time (warned once)
+        paths.sweep_stale(path.parent)
+        paths.write_atomic(path, json.dumps(asdict(cost)))
     return cost
+
+
+def _read_cost(path, k_max: int) -> CostModel | None:
+    """A cached cost model if ``path`` holds a valid one: ``verify_ms`` k_max+1 finite times > 0, finite
+    ``draft_ms`` and ``draft_prefill_ms`` > 0. Anything else (missing, unreadable, a directory, wrong types,
+    zeros) is None: the caller measures again and rewrites the entry."""
+    def ms(v) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (np.isfinite(v) and v > 0):
+            raise ValueError(v)
+        return float(v)
+
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        cost = CostModel(verify_ms=[ms(v) for v in raw["verify_ms"]], draft_ms=ms(raw["draft_ms"]),
+                         draft_prefill_ms=ms(raw["draft_prefill_ms"]))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return cost if len(cost.verify_ms) == k_max + 1 else None

@@ -12,6 +12,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+if hasattr(ort, "disable_telemetry_events"):  # also when onnxruntime was imported before edgespec set the opt-out
+    ort.disable_telemetry_events()
+
 from .errors import EdgespecError
 from .integrity import check_graph
 from .manifest import GraphSpec
