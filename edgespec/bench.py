@@ -177,6 +177,7 @@ def summarize(runs: list[dict], modes: list[str]) -> dict:
 
 def cost_curve(dec: SpecDecoder, n_max: int = 9, context: int = 256, reps: int = 5) -> dict:
     """Target t(N)/t(1) for N = 1..n_max, the draft's step time and c = t_draft / t_target(1) (ms)."""
+    context = min(context, dec.context_length - n_max)  # past + N must fit the model's positions
     cm = calibrate(dec, k_max=n_max - 1, context=context, reps=reps, use_cache=False)
     t1 = cm.verify_ms[0]
     return {"context": context, "target_ms": cm.verify_ms, "ratio": [t / t1 for t in cm.verify_ms],

@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prune the draft's lm_head to this many frequent token ids (FR-Spec), e.g. 32768")
     p.add_argument("--force", action="store_true",
                    help="replace --out even if it is not an edgespec export or holds other files (deletes them)")
+    p.add_argument("--graph-format", type=int, choices=(2, 3), default=None,
+                   help="3: in-place KV cache and fused GroupQueryAttention; 2: the traced graph "
+                        "(default: the exporter's, see README)")
 
     p = sub.add_parser("chat", help="interactive chat (streams; /reset /stats /exit)")
     _add_generation_options(p)
@@ -202,9 +205,10 @@ def _cmd_export(a) -> int:
         from edgespec_export import ExportOptions, export_pair
     except ImportError:
         raise EdgespecError(_NO_EXPORTER) from None
-    t = ExportOptions(a.precision, a.block_size, a.accuracy_level, a.lm_head_bits)
+    fmt = {} if a.graph_format is None else {"graph_format": a.graph_format}
+    t = ExportOptions(a.precision, a.block_size, a.accuracy_level, a.lm_head_bits, **fmt)
     d = ExportOptions(a.draft_precision or a.precision, a.block_size, a.accuracy_level, a.lm_head_bits,
-                      a.draft_vocab)
+                      a.draft_vocab, **fmt)
     target, draft = a.target, a.draft
     if a.pair is not None:
         if target or draft:

@@ -9,13 +9,13 @@ from edgespec.text import IncrementalDetokenizer
 
 
 @pytest.fixture(scope="module")
-def dec(tiny_export):
-    return SpecDecoder.load(tiny_export)
+def dec(export_each_format):
+    return SpecDecoder.load(export_each_format)
 
 
 @pytest.fixture(scope="module")
-def self_dec(tiny_self_export):
-    return SpecDecoder.load(tiny_self_export)
+def self_dec(self_export_each_format):
+    return SpecDecoder.load(self_export_each_format)
 
 
 PROMPTS = ["def add(a, b):", "The quick brown", "class Node:\n", "单发"]

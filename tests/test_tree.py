@@ -54,8 +54,8 @@ def test_greedy_tree_follows_argmax():
 
 
 @pytest.fixture(scope="module")
-def dec(tiny_export):
-    return SpecDecoder.load(tiny_export)
+def dec(export_each_format):
+    return SpecDecoder.load(export_each_format)
 
 
 @pytest.mark.parametrize("budget", [2, 5, 8, 12])
@@ -78,8 +78,8 @@ def test_tree_sampling_on_the_tiny_pair_follows_p(dec):
     assert r["tv"] < 3 * r["tv_noise"] + 0.01
 
 
-def test_draft_equal_to_target_accepts_the_whole_main_path(tiny_self_export, monkeypatch):
-    d = SpecDecoder.load(tiny_self_export)
+def test_draft_equal_to_target_accepts_the_whole_main_path(self_export_each_format, monkeypatch):
+    d = SpecDecoder.load(self_export_each_format)
     seen = []
     real_verify = decoder_mod.verify_tree
 
