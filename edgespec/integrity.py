@@ -100,9 +100,9 @@ def check_graph(session, spec: GraphSpec, role: str, path: Path, feeds: list[str
     if missing_in or missing_out:
         name = (missing_in or missing_out)[0]
         raise EdgespecError(f"{where} has no {'input' if missing_in else 'output'} {name!r}")
-    named = set(inputs) - {"logits_keep"}  # optional head-rows input, not listed in input_names
-    if named != set(spec.input_names) or set(outputs) != set(spec.output_names):
-        kind, have, said = (("input", named, spec.input_names) if named != set(spec.input_names)
+    named, listed = set(inputs) - {"logits_keep"}, set(spec.input_names) - {"logits_keep"}  # listed or not
+    if named != listed or set(outputs) != set(spec.output_names):
+        kind, have, said = (("input", named, listed) if named != listed
                             else ("output", outputs, spec.output_names))
         odd = sorted(set(have) ^ set(said))[0]
         raise EdgespecError(f"{where}'s {kind} names differ from {role}.{kind}_names in the manifest ({odd!r})")

@@ -257,8 +257,7 @@ def load_manifest(export_dir: str | Path) -> Manifest:
             that is missing or (symlinks resolved) outside DIR.
     """
     export_dir = Path(export_dir)
-    if not export_dir.exists():  # a re-export killed between its two renames leaves it under a temporary name
-        paths.recover_export(export_dir)
+    paths.recover_export(export_dir)  # a re-export killed between its two renames: finish or undo it
     if export_dir.exists() and not export_dir.is_dir():
         raise EdgespecError(f"{export_dir}: not a directory (expected an edgespec export directory)")
     if not export_dir.is_dir():

@@ -165,24 +165,25 @@ def recover_export(out: Path) -> None:
 
 @contextlib.contextmanager
 def file_lock(path: Path, what: str) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``path`` (created) for the block; waits for another holder,
-    saying so once on stderr. Without ``fcntl`` (Windows) or a writable location, runs unlocked."""
+    """Hold an exclusive advisory lock on ``path`` (a lock file, created; or an existing directory) for the
+    block; waits for another holder, saying so once on stderr. Without ``fcntl`` (Windows) or a writable
+    location, runs unlocked."""
     try:
         import fcntl
     except ImportError:
         yield
         return
     try:
-        f = open(path, "a+b")
+        fd = os.open(path, os.O_RDONLY) if path.is_dir() else os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:
         yield
         return
     try:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             print(f"edgespec: waiting for another edgespec process ({what})", file=sys.stderr, flush=True)
-            fcntl.flock(f, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        f.close()
+        os.close(fd)

@@ -332,11 +332,11 @@ def export_pair(target: str | None, draft: str | None, out: str | Path | None = 
 
 
 def _out_lock(out: Path) -> Path:
-    """The lock file of an export directory: in the user cache (the output's own directory stays clean);
-    next to the graphs' scratch directory when there is no writable cache."""
+    """The lock of an export directory: a file in the user cache (the output's own directory stays clean);
+    without a writable cache, the output's parent directory itself."""
     key = hashlib.sha256(str(out.resolve()).encode("utf-8", "surrogateescape")).hexdigest()[:24]
     locks = paths.cache_dir("locks")
-    return (locks / f"export-{key}.lock") if locks is not None else out.with_name(f".{out.name}.lock")
+    return (locks / f"export-{key}.lock") if locks is not None else out.parent
 
 
 def _assemble(out: Path, name: str, graphs: dict, t_info: ModelInfo, d_info: ModelInfo, t0: float) -> None:

@@ -26,12 +26,15 @@ def run(args, home, stdin=None, env=None, timeout=300):
     return r
 
 
-def one_line_error(r, says: str | tuple = ()) -> str:
+def one_line_error(r, says: str | tuple = (), progress: bool = False) -> str:
     """Assert ``r`` failed with exactly one ``edgespec: error:`` line on stderr (containing ``says``) and no
-    traceback; returns that line."""
+    traceback; returns that line. ``progress`` allows the exporter's progress lines before it."""
     assert r.returncode not in (0, None), (r.returncode, r.stdout, r.stderr)
     assert "Traceback" not in r.stderr, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip() and not ln.startswith("edgespec: warning:")]
+    if progress:
+        assert sum(ln.startswith("edgespec: error:") for ln in lines) == 1, r.stderr
+        lines = lines[-1:]
     assert len(lines) == 1 and lines[0].startswith("edgespec: error:"), r.stderr
     for s in (says,) if isinstance(says, str) else says:
         assert s in lines[0], (s, lines[0])
