@@ -1,13 +1,15 @@
 """edgespec: lossless speculative sampling on onnxruntime for edge devices.
 
-The runtime needs only onnxruntime, numpy, tokenizers and jinja2. The exporter lives in the separate
-``edgespec_export`` package (``pip install edgespec[export]``).
+The runtime needs only onnxruntime, numpy, tokenizers and jinja2. The exporter is the
+``edgespec.export`` subpackage (directory ``export/``; its dependencies: ``pip install edgespec[export]``),
+never imported by the runtime; pair recipes in ``edgespec.models`` (directory ``models/``).
 
 Importing edgespec opts this process out of onnxruntime's telemetry (``ORT_DISABLE_TELEMETRY=1``, and
 ``ORT_TELEMETRY_DISABLED=1`` for newer releases) unless the variables are already set: onnxruntime ≥ 1.29 on
 Linux otherwise writes a device id and an event database under ``~/.cache/Microsoft/DeveloperTools`` and
 queues usage events when it initialises. It only takes effect if onnxruntime was not imported before
-edgespec. The public names are imported lazily, so ``import edgespec.cli`` stays light.
+edgespec. The public names are imported on first use, so ``import edgespec.cli`` stays light (a Ctrl-C
+during start-up reaches the CLI's handler).
 """
 
 import os as _os
@@ -17,8 +19,9 @@ for _var in ("ORT_DISABLE_TELEMETRY", "ORT_TELEMETRY_DISABLED"):
 
 __version__ = "0.1.0"
 
-_PUBLIC = {"AdaptiveK": "adaptive", "EdgespecError": "errors", "Generation": "decoder", "GenerationStats": "stats",
-           "SpecDecoder": "decoder"}
+_PUBLIC = {"AdaptiveK": "adaptive", "SpecDecoder": "decoder", "EdgespecError": "errors", "Generation": "generation",
+           "GenerationOptions": "generation", "KPolicy": "kpolicy", "RoundPlan": "kpolicy", "RoundResult": "kpolicy",
+           "Proposal": "proposers", "Proposer": "proposers", "register": "proposers", "GenerationStats": "stats"}
 __all__ = sorted(_PUBLIC) + ["__version__"]
 
 
