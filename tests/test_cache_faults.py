@@ -112,7 +112,7 @@ def _fake_recipe_model(tmp_path: Path, home: Path, payload: bytes):
 
 def test_broken_cached_gguf_and_wheel_are_rebuilt(tmp_path, monkeypatch):
     from conftest import edgespec_home
-    from edgespec_export import sources
+    from edgespec.export import sources
 
     home = tmp_path / "home"
     payload = b"GGUF" + os.urandom(5000)

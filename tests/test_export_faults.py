@@ -17,7 +17,7 @@ GEN = ["--prompt", "def add", "--max-new-tokens", "4", "--k", "2"]
 @pytest.fixture(scope="module")
 def odd_export(home, tiny_dirs, tmp_path_factory):
     """The tiny target with a draft of another shape: 3 layers, hidden 32, a 480-wide head."""
-    from edgespec_export import ExportOptions, export_pair
+    from edgespec.export import ExportOptions, export_pair
 
     root = tmp_path_factory.mktemp("odd")
     draft = build_model(root / "draft3", "qwen2", seed=5, layers=3, hidden=32, vocab=480)
@@ -75,7 +75,7 @@ def test_draft_of_another_export(odd_export, tiny_export, home, tmp_path):
 
 
 def test_draft_with_another_vocabulary(home, tiny_dirs, tiny_export, tmp_path):
-    from edgespec_export import ExportOptions, export_pair
+    from edgespec.export import ExportOptions, export_pair
 
     wide = build_model(tmp_path / "wide", "qwen2", seed=0, noise=0.1, vocab=480)
     fp32 = ExportOptions(precision="fp32")

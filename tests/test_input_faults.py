@@ -48,9 +48,10 @@ def test_no_id_past_the_tokenizer_is_ever_emitted(dec):
     assert dec.n_tokens == 400 and dec.target.spec.vocab_size == 512
     ids = []
     for seed in range(6):
-        for mode, k in (("spec", 3), ("plain", 0)):
+        for proposers, k in ((("draft",), 3), ((), 0)):
             dec.reset()
-            g = dec.generate("The quick", max_new_tokens=24, temperature=2.0, seed=seed, k=k, mode=mode).run()
+            g = dec.generate("The quick", max_new_tokens=24, temperature=2.0, seed=seed, k=k,
+                             proposers=proposers).run()
             ids += g.token_ids
     assert max(ids) < 400 and len(ids) > 100
 
@@ -156,7 +157,7 @@ def test_bad_chat_templates(tiny_export, home, tmp_path, template, says):
     (dict(prompt="hi", seed=-1), "seed must be an integer ≥ 0"),
     (dict(prompt="hi", max_new_tokens=2.5), "max_new_tokens must be an integer"),
     (dict(prompt="hi", temperature="hot"), "temperature must be a number"),
-    (dict(prompt="hi", k="4"), "k must be an int"),
+    (dict(prompt="hi", k="4"), "k must be an integer"),
 ])
 def test_api_input_is_checked_before_any_work(dec, kwargs, says):
     dec.reset()
