@@ -533,6 +533,22 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # also during start-up (imports, argument parsing, loading)
         print("\nedgespec: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # Ctrl-C inside a C extension (its initialisation) can arrive wrapped, e.g. ImportError
+        if not _interrupted(e):
+            raise
+        print("\nedgespec: interrupted", file=sys.stderr)
+        return 130
+
+
+def _interrupted(e: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is among the causes of ``e``."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _main(argv: list[str] | None) -> int:

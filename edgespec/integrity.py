@@ -121,9 +121,20 @@ def check_graph(session, spec: GraphSpec, role: str, path: Path, feeds: list[str
 
 
 def tokenizer_width(tokenizer) -> int:
-    """1 + the largest id the tokenizer can produce (its real vocabulary, added tokens included)."""
+    """1 + the largest id of the tokenizer's real vocabulary (added tokens included).
+
+    Filler entries at the top that only pad the vocabulary to the model's head width are not real tokens:
+    a GGUF-converted Qwen tokenizer has ``[PAD151665]`` … ``[PAD151935]`` (each named after its own id), so
+    its real vocabulary is 151665 ids, not 151936.
+    """
     vocab = tokenizer.get_vocab(with_added_tokens=True)
-    return max(vocab.values()) + 1 if vocab else 0
+    if not vocab:
+        return 0
+    by_id = {i: t for t, i in vocab.items()}
+    top = max(by_id)
+    while top >= 0 and by_id.get(top) == f"[PAD{top}]":
+        top -= 1
+    return top + 1
 
 
 def check_tokenizer(export_dir: Path, m: Manifest, n_tokens: int) -> np.ndarray | None:

@@ -243,3 +243,20 @@ def test_sigint_at_any_moment_of_start_up(tiny_export, home):
         assert p.returncode in (0, 130), (delay, p.returncode, err)
         ours += p.returncode == 130 and err.rstrip().endswith("edgespec: interrupted")
     assert ours >= 3
+
+
+def test_tokenizer_width_ignores_gguf_padding_entries():
+    """A GGUF-converted Qwen tokenizer pads its vocabulary with `[PAD<id>]` entries up to the head width:
+    those are not tokens, and must never be sampled (they printed as `[PAD151935]`)."""
+    from edgespec.integrity import tokenizer_width
+
+    class Tok:
+        def __init__(self, vocab):
+            self.vocab = vocab
+
+        def get_vocab(self, with_added_tokens=True):
+            return self.vocab
+
+    assert tokenizer_width(Tok({"a": 0, "b": 1, "<|x|>": 2, "[PAD3]": 3, "[PAD4]": 4})) == 3
+    assert tokenizer_width(Tok({"a": 0, "[PAD1]": 1, "b": 2})) == 3  # only a filler run at the top
+    assert tokenizer_width(Tok({"a": 0, "[PAD7]": 1})) == 2  # named after another id: a real token
