@@ -200,9 +200,12 @@ def test_disconnect_mid_stream_frees_the_server(server, api):
 def test_a_full_queue_gets_429(server):
     server.wait_idle()
     running = _long_stream(server)
-    next(iter(running))  # generating now
-    waiting = threading.Thread(target=lambda: server.client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5))
+    chunks = iter(running)
+    while not next(chunks).choices[0].delta.content:  # text has come: the worker is on it
+        pass
+    waited = []
+    waiting = threading.Thread(target=lambda: waited.append(server.client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5)))
     waiting.start()
     deadline = time.time() + 30
     while server.health()["waiting"] < 1:
@@ -213,6 +216,7 @@ def test_a_full_queue_gets_429(server):
     assert e.value.body["code"] == "rate_limit_exceeded"
     running.close()
     waiting.join(60)
+    assert waited and waited[0].usage.completion_tokens == 5  # the one that waited was served
     assert server.wait_idle()["rejected"] >= 1
 
 
