@@ -348,3 +348,51 @@ def test_a_latency_budget_per_request(server, api):
     assert r.choices[0].message.content == greedy(api, msgs, n=20)  # a budget changes speed, not text
     r = server.client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=5, temperature=0)
     assert r.model_extra["edgespec"]["latency_budget_ms"] is None  # the server's own (none) again
+
+
+def _rss_mb(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_bounded_load_gets_no_error_but_429_and_memory_stays_bounded(server):
+    """64 requests from 4 threads (streamed and not, greedy and sampled) against a queue of 1; see
+    bench/serve_load.py for the timed version."""
+    before = server.wait_idle()
+    outcomes, rss, lock = [], [_rss_mb(server.proc.pid)], threading.Lock()
+    todo = iter(range(64))
+
+    def worker():
+        c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        while (i := next(todo, None)) is not None:
+            kw = dict(model=MODEL, messages=[{"role": "user", "content": f"part {i % 5}"}], max_tokens=16,
+                      temperature=0.8 if i % 3 == 0 else 0.0, seed=i)
+            try:
+                if i % 2:
+                    text = "".join(ch.choices[0].delta.content or "" for ch in
+                                   c.chat.completions.create(stream=True, **kw) if ch.choices)
+                else:
+                    text = c.chat.completions.create(**kw).choices[0].message.content
+                out = "ok" if isinstance(text, str) else "bad"
+            except openai.RateLimitError:
+                out = "429"
+            except Exception as e:
+                out = repr(e)
+            with lock:
+                outcomes.append(out)
+                rss.append(_rss_mb(server.proc.pid))
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert len(outcomes) == 64 and set(outcomes) <= {"ok", "429"}, [o for o in outcomes if o not in ("ok", "429")]
+    assert outcomes.count("ok") >= 4  # a client that gets 429 asks again at once: most are refused
+    assert max(rss[-16:]) < max(rss[:16]) + 64, rss  # MB: no growth with the number of requests
+    h = server.wait_idle()
+    assert h["failed"] == 0 and h["completed"] - before["completed"] == outcomes.count("ok")
+    assert h["rejected"] - before["rejected"] == outcomes.count("429")
