@@ -58,8 +58,12 @@ def main() -> int:
     ap.add_argument("--time-limit", type=float, default=900.0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve-load-tiny.json"))
     a = ap.parse_args()
+    import logging
+
     import openai
 
+    for name in ("httpx", "httpx2"):  # one line per request otherwise, if a library turned INFO logging on
+        logging.getLogger(name).setLevel(logging.WARNING)
     tmp = tempfile.TemporaryDirectory()
     env = dict(os.environ, EDGESPEC_HOME=os.environ.get("EDGESPEC_HOME", str(Path(tmp.name) / "home")))
     os.environ["EDGESPEC_HOME"] = env["EDGESPEC_HOME"]
