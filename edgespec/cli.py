@@ -113,7 +113,7 @@ def _add_provider_options(p: argparse.ArgumentParser) -> None:
                    help="an option of the execution provider, e.g. backend_path=libQnnHtp.so (repeatable)")
 
 
-_COMMANDS = ("export", "chat", "generate", "serve", "bench", "eval", "info")
+_COMMANDS = ("export", "chat", "generate", "serve", "bench", "eval", "info", "voice")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--graph-format", type=int, choices=(2, 3), default=None,
                    help="3: in-place KV cache and fused GroupQueryAttention; 2: the traced graph "
                         "(default: the exporter's, see README)")
+    p.add_argument("--voice", action="store_true",
+                   help="prepare the speech-recognition model of `edgespec voice` (Moonshine) instead of a pair")
 
     p = sub.add_parser("chat", help="interactive chat (streams; /reset /stats /exit)")
     _add_generation_options(p)
@@ -202,6 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", nargs="?")
     _add_provider_options(p)
     p.add_argument("--json", action="store_true")
+
+    from .voice.cli import add_voice_parser
+
+    add_voice_parser(sub)
     return parser
 
 
@@ -229,6 +235,11 @@ def _cmd_export(a) -> int:
         from edgespec.export import ExportOptions, export_pair
     except ImportError:
         raise EdgespecError(_NO_EXPORTER) from None
+    if a.voice:
+        from edgespec.export.voice import prepare_moonshine
+
+        print(prepare_moonshine(a.out))
+        return 0
     fmt = {} if a.graph_format is None else {"graph_format": a.graph_format}
     t = ExportOptions(a.precision, a.block_size, a.accuracy_level, a.lm_head_bits, **fmt)
     d = ExportOptions(a.draft_precision or a.precision, a.block_size, a.accuracy_level, a.lm_head_bits,
@@ -485,6 +496,10 @@ def _run(a) -> int:
         return _cmd_eval(a)
     if a.command == "generate":
         return _cmd_generate(a)
+    if a.command == "voice":
+        from .voice.cli import run_voice
+
+        return run_voice(a, _export_dir)
     if a.command == "serve":
         return _cmd_serve(a)
     if a.command == "chat":
