@@ -82,3 +82,19 @@ def test_an_earlier_answer_is_a_corpus_after_a_reset(dec):
     assert g.token_ids == first.token_ids
     s = g.stats.proposers["suffix"]
     assert s.accepted >= 16  # most of the answer came from the archived first answer
+
+
+def test_cli_suffix_mode_and_flag_print_the_greedy_ids(tiny_export, home):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    d = SpecDecoder.load(tiny_export, load_draft=False)
+    want = d.generate("def f(x):\n    return x\n\ndef f(", max_new_tokens=16, proposers=()).run()
+    for flags in (["--mode", "suffix"], ["--suffix", "--lookup"]):
+        r = subprocess.run([sys.executable, "-m", "edgespec.cli", "generate", str(tiny_export), "--raw", "--json",
+                            "--max-new-tokens", "16", *flags], input="def f(x):\n    return x\n\ndef f(",
+                           capture_output=True, text=True, env=dict(os.environ, EDGESPEC_HOME=str(home)), timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["token_ids"] == want.token_ids
