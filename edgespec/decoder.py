@@ -296,7 +296,7 @@ class SpecDecoder:
             return RoundPlan()
         L = len(self.tokens) - 1
         lag = L + 1 - self.dcache.length if self.dcache is not None else 0
-        offers = tuple(p.offer(self.tokens, cap) for p in proposers)
+        offers = tuple(p.offer(self, cap) for p in proposers)
         plan = policy.choose(Situation(offers, lag, remaining))
         if plan.proposer is not None and plan.proposer not in proposers:
             return RoundPlan()  # asked for a source this generation does not use
