@@ -396,3 +396,14 @@ def test_a_bounded_load_gets_no_error_but_429_and_memory_stays_bounded(server):
     h = server.wait_idle()
     assert h["failed"] == 0 and h["completed"] - before["completed"] == outcomes.count("ok")
     assert h["rejected"] - before["rejected"] == outcomes.count("429")
+
+
+def test_a_port_in_use_is_one_line(tiny_export, home):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        r = subprocess.run([sys.executable, "-m", "edgespec.cli", "serve", str(tiny_export), "--port",
+                            str(s.getsockname()[1])], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, EDGESPEC_HOME=str(home)))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("edgespec: error: cannot listen on 127.0.0.1:")
