@@ -246,6 +246,8 @@ BAD = [
     ("temperature negative", "/v1/chat/completions", _chat(temperature=-1), 400),
     ("top_p zero", "/v1/chat/completions", _chat(top_p=0), 400),
     ("seed a float", "/v1/chat/completions", _chat(seed=1.5), 400),
+    ("seed negative", "/v1/chat/completions", _chat(seed=-1, stream=True), 400),
+    ("deeply nested JSON", "/v1/chat/completions", b"[" * 100000 + b"]" * 100000, 400),
     ("stream a string", "/v1/chat/completions", _chat(stream="yes"), 400),
     ("stop a number", "/v1/chat/completions", _chat(stop=5), 400),
     ("five stops", "/v1/chat/completions", _chat(stop=["a", "b", "c", "d", "e"]), 400),
