@@ -197,6 +197,16 @@ def test_disconnect_mid_stream_frees_the_server(server, api):
     assert r.choices[0].message.content == greedy(api, msgs, n=20)
 
 
+def test_a_client_that_gives_up_on_a_non_streamed_reply_frees_the_server(server):
+    before = server.wait_idle()
+    impatient = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=0.3)
+    with pytest.raises(openai.APITimeoutError):
+        impatient.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "def add"}],
+                                          max_tokens=CTX - 30, temperature=0)
+    after = server.wait_idle()
+    assert after["cancelled"] == before["cancelled"] + 1 and after["completed"] == before["completed"]
+
+
 def test_a_full_queue_gets_429(server):
     server.wait_idle()
     running = _long_stream(server)
