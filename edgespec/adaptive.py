@@ -155,6 +155,13 @@ class AdaptiveK(KPolicy):
                                           for b in self.tree_budgets}
         return self.tree_accepted[p.name]
 
+    def _tree_tokens(self, p: Proposer, n_nodes: int) -> float:
+        """Expected committed tokens of a tree round of ``n_nodes`` (accepted EWMA + 1; optimistic at first)."""
+        acc = self._tree_accepted(p)
+        if n_nodes not in acc:
+            acc[n_nodes] = expected_tokens(TreeShape.for_budget(n_nodes).depth, self.alpha0) - 1
+        return acc[n_nodes] + 1
+
     def observe_confidence(self, top1: float) -> None:
         """The target's top-1 probability (temperature 1) at a plain step."""
         self.conf_sum += top1
@@ -225,7 +232,7 @@ class AdaptiveK(KPolicy):
             if not self._fits(p, k, catchup_ms if with_catchup else 0.0):
                 continue
             t = self.predicted_ms(p, k)
-            tokens = self._tree_accepted(p)[k] + 1 if p.tree else expected_tokens(k, self.alpha(p, match))
+            tokens = self._tree_tokens(p, k) if p.tree else expected_tokens(k, self.alpha(p, match))
             rate = tokens / (t + catchup_ms * tokens / remaining)
             if rate > best[1]:
                 best = (k, rate)
@@ -256,7 +263,8 @@ class AdaptiveK(KPolicy):
             if not self.rounds.get(p.name) and o.limit >= 2 and self._fits(p, top):
                 self.plain_run = 0  # never tried: one try costs only the extra verified rows, so learn its alpha
                 return self._plan(p, min(top, self.k_max))
-            options.append((p, *self._best(p, range(1, top + 1), match=o.match)))
+            sizes = sorted({min(b, o.limit) for b in self.tree_budgets}) if p.tree else range(1, top + 1)
+            options.append((p, *self._best(p, sizes, match=o.match)))
         p, k, rate = max(options, key=lambda o: o[2], default=(None, 0, -1.0))
         # must beat plain decoding by a margin; a larger one when it means paying a catch-up now (a sure cost
         # against a gain that rests on estimates of acceptance and of the answer's length)
@@ -318,9 +326,9 @@ class AdaptiveK(KPolicy):
         self._ratio(p.name, ratio)
         self.overhead[p.name] = 0.7 * self.overhead.get(p.name, 1.0) + 0.3 * ratio
         if p.tree:
+            self.rounds[p.name] = self.rounds.get(p.name, 0) + 1
             acc = self._tree_accepted(p)
-            if k in acc:
-                acc[k] = 0.8 * acc[k] + 0.2 * r.accepted
+            acc[k] = 0.8 * (acc[k] if k in acc else self._tree_tokens(p, k) - 1) + 0.2 * r.accepted
             return
         self.rounds[p.name] = self.rounds.get(p.name, 0) + 1
         match = self._offered_match.get(p.name, 0)

@@ -1,4 +1,4 @@
-"""``edgespec`` command line: export, chat, generate, info (and bench/eval).
+"""``edgespec`` command line: export, chat, generate, serve, info (and bench/eval).
 
 Every user error ends as one line on stderr and exit code 2 (1 for runtime failures); never a traceback.
 """
@@ -55,6 +55,10 @@ def _pos_int(s: str) -> int:
     return _checked_int(s, "an integer ≥ 1", lambda v: v >= 1)
 
 
+def _checked_port(s: str) -> int:
+    return _checked_int(s, "a port in [1, 65535]", lambda v: 1 <= v <= 65535)
+
+
 def _contexts(s: str) -> list[int]:
     """Comma-separated context lengths, each ≥ 1, e.g. ``128,1024,2048,3500``."""
     parts = [x.strip() for x in s.split(",") if x.strip()]
@@ -89,17 +93,27 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=_nonneg_int, default=None, help="fixed draft length K (default: adaptive)")
     p.add_argument("--latency-budget-ms", type=_latency_ms, default=None,
                    help="keep each round's predicted time under this many ms (adaptive K)")
-    p.add_argument("--mode", choices=("spec", "lookup", "plain"), default="spec",
-                   help="spec: draft model; lookup: prompt lookup only; plain: target only")
+    p.add_argument("--mode", choices=("spec", "lookup", "suffix", "plain"), default="spec",
+                   help="spec: draft model; lookup: prompt lookup only; suffix: suffix trees only; plain: target only")
     p.add_argument("--tree", action="store_true", help="token trees (with --k: the node budget)")
     p.add_argument("--lookup", action="store_true", help="prompt lookup first, the draft model when it has no match")
+    p.add_argument("--suffix", action="store_true",
+                   help="suffix trees over the conversation and earlier answers first (SuffixDecoding)")
     p.add_argument("--draft-p-min", type=_probability, default=None,
                    help="stop drafting when the draft's top probability falls below this")
-    p.add_argument("--provider", default="cpu", help="execution provider: cpu, xnnpack, qnn, nnapi, … (default cpu)")
-    p.add_argument("--threads", type=_pos_int, default=None, help="onnxruntime intra-op threads")
+    _add_provider_options(p)
+    p.add_argument("--threads", type=_pos_int, default=None, help="onnxruntime intra-op threads (CPU provider)")
 
 
-_COMMANDS = ("export", "chat", "generate", "bench", "eval", "info")
+def _add_provider_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--provider", default="cpu",
+                   help="execution provider: cpu, xnnpack, qnn, nnapi, coreml, openvino, … (default cpu); "
+                        "CPU with a notice when it is missing or rejects a graph")
+    p.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of the execution provider, e.g. backend_path=libQnnHtp.so (repeatable)")
+
+
+_COMMANDS = ("export", "chat", "generate", "serve", "bench", "eval", "info", "voice")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--graph-format", type=int, choices=(2, 3), default=None,
                    help="3: in-place KV cache and fused GroupQueryAttention; 2: the traced graph "
                         "(default: the exporter's, see README)")
+    p.add_argument("--voice", action="store_true",
+                   help="prepare the speech-recognition model of `edgespec voice` (Moonshine) instead of a pair")
 
     p = sub.add_parser("chat", help="interactive chat (streams; /reset /stats /exit)")
     _add_generation_options(p)
@@ -135,6 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", help="the user message (default: read stdin)")
     p.add_argument("--raw", action="store_true", help="no chat template: the prompt is fed as is")
     p.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
+
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the serve extra)")
+    _add_generation_options(p)  # the sampling flags are the defaults of requests that do not set them
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s: loopback only)")
+    p.add_argument("--port", type=_checked_port, default=8080)
+    p.add_argument("--max-queue", type=_nonneg_int, default=8,
+                   help="requests that may wait while one generates; more get 429 (default %(default)s)")
+    p.add_argument("--max-body-bytes", type=_pos_int, default=4 << 20, help="larger request bodies get 413")
 
     p = sub.add_parser("bench", help="plain vs speculative modes on a prompt set: JSON + PNG")
     p.add_argument("dir", nargs="?", help="export directory (default: the default pair)")
@@ -152,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=_pos_int, default=128)
     p.add_argument("--temperature", type=_temperature, default=0.0)
     p.add_argument("--seed", type=_int, default=0)
-    p.add_argument("--provider", default="cpu")
+    _add_provider_options(p)
     p.add_argument("--threads", type=_pos_int, default=None)
     p.add_argument("--cost-curve", action="store_true",
                    help="also measure t(N)/t(1), c, and the speedup Leviathan et al.'s formula predicts")
@@ -172,13 +196,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=_pos_int, default=4)
     p.add_argument("--draws", type=_pos_int, default=300, help="seeds for the first-token sampling check")
     p.add_argument("--ll-samples", type=_pos_int, default=8, help="sampled texts per mode for the likelihood")
-    p.add_argument("--provider", default="cpu")
+    _add_provider_options(p)
     p.add_argument("--out", default=None, help="also write the JSON result to this file")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("info", help="print an export's manifest and validation figures")
     p.add_argument("dir", nargs="?")
+    _add_provider_options(p)
     p.add_argument("--json", action="store_true")
+
+    from .voice.cli import add_voice_parser
+
+    add_voice_parser(sub)
     return parser
 
 
@@ -194,7 +223,7 @@ def _export_dir(arg: str | None, auto_export: bool) -> Path:
         print(f"edgespec: the default pair {paths.DEFAULT_PAIR} is not exported yet; exporting it to {d} "
               "(once; takes several minutes)", file=sys.stderr)
         try:
-            from edgespec_export import export_pair
+            from edgespec.export import export_pair
         except ImportError:
             raise EdgespecError(_NO_EXPORTER) from None
         export_pair(None, None)
@@ -203,9 +232,14 @@ def _export_dir(arg: str | None, auto_export: bool) -> Path:
 
 def _cmd_export(a) -> int:
     try:
-        from edgespec_export import ExportOptions, export_pair
+        from edgespec.export import ExportOptions, export_pair
     except ImportError:
         raise EdgespecError(_NO_EXPORTER) from None
+    if a.voice:
+        from edgespec.export.voice import prepare_moonshine
+
+        print(prepare_moonshine(a.out))
+        return 0
     fmt = {} if a.graph_format is None else {"graph_format": a.graph_format}
     t = ExportOptions(a.precision, a.block_size, a.accuracy_level, a.lm_head_bits, **fmt)
     d = ExportOptions(a.draft_precision or a.precision, a.block_size, a.accuracy_level, a.lm_head_bits,
@@ -215,22 +249,29 @@ def _cmd_export(a) -> int:
         if target or draft:
             raise EdgespecError("give either a pair recipe or --target/--draft, not both")
         target = a.pair
-        import edgespec_models
+        from edgespec import models
 
-        if a.pair not in edgespec_models.available():
-            raise EdgespecError(f"unknown pair recipe {a.pair!r} (known: {', '.join(edgespec_models.available())})")
+        if a.pair not in models.available():
+            raise EdgespecError(f"unknown pair recipe {a.pair!r} (known: {', '.join(models.available())})")
     out = export_pair(target, draft, a.out, t, d)
     print(out)
     return 0
 
 
 def _cmd_info(a) -> int:
+    from onnxruntime import get_available_providers as available_providers
+
     from .manifest import load_manifest
+    from .onnx_model import parse_provider_options, resolve_provider, short_provider_name
 
     d = _export_dir(a.dir, auto_export=False)
     m = load_manifest(d)
+    full, why = resolve_provider(a.provider)
+    parse_provider_options(a.provider_option)
+    provider = {"requested": a.provider, "used": short_provider_name(full), "fallback_reason": why,
+                "available": [short_provider_name(p) for p in available_providers()]}
     if a.json:
-        print(m.to_json())
+        print(json.dumps({**json.loads(m.to_json()), "execution_provider": provider}))
         return 0
     print(f"{m.name}  ({d})")
     for role in ("target", "draft"):
@@ -251,26 +292,35 @@ def _cmd_info(a) -> int:
                   f"positions, max|Δ logit| {qv['max_abs_logit_error']:.2f}")
     st = m.special_tokens
     print(f"stop tokens: {list(st.stop)}; eos {st.eos}; context {min(m.target.context_length, m.draft.context_length)}")
+    print(f"execution provider: {provider['used']}" + (f" ({why})" if why else
+                                                       f" (available here: {', '.join(provider['available'])})"))
     return 0
+
+
+def _provider_options(a) -> dict:
+    from .onnx_model import parse_provider_options
+
+    return parse_provider_options(a.provider_option)
 
 
 def _load(a):
     from .decoder import SpecDecoder
 
     d = _export_dir(a.dir, auto_export=True)
-    return SpecDecoder.load(d, provider=a.provider, threads=a.threads, load_draft=a.mode == "spec",
+    return SpecDecoder.load(d, provider=a.provider, provider_options=_provider_options(a), threads=a.threads,
+                            load_draft=a.mode == "spec",
                             shared_thread_pool=True)
 
 
 def _proposers(a) -> tuple[str, ...]:
-    """--mode/--lookup/--tree as proposers in priority order: a fixed-size tree replaces the draft chain, an
-    adaptive one is offered beside it."""
+    """--mode/--suffix/--lookup/--tree as proposers in priority order: a fixed-size tree replaces the draft
+    chain, an adaptive one is offered beside it."""
     if a.mode == "plain":
         return ()
-    if a.mode == "lookup":
-        return ("lookup",)
+    if a.mode in ("lookup", "suffix"):
+        return (a.mode,)
     chain = (("tree",) if a.k is not None else ("draft", "tree")) if a.tree else ("draft",)
-    return (("lookup",) if a.lookup else ()) + chain
+    return (("suffix",) if a.suffix else ()) + (("lookup",) if a.lookup else ()) + chain
 
 
 def _k_policy(a, decoder):
@@ -314,6 +364,20 @@ def _cmd_generate(a) -> int:
     return 0
 
 
+def _cmd_serve(a) -> int:
+    try:
+        from . import serve
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise EdgespecError("the server needs the serve extra: pip install -e '.[serve]' in the edgespec checkout "
+                            "(or pip install 'edgespec[serve]')") from None
+    sock = serve.listen(a.host, a.port)  # before loading: a port in use is said at once
+    dec = _load(a)
+    engine = serve.Engine(dec, _gen_kwargs(a, dec), a.max_queue, a.max_new_tokens)
+    return serve.serve(engine, sock, a.max_body_bytes)
+
+
 def _prompt_set(a):
     from . import prompts
 
@@ -347,6 +411,7 @@ def _cmd_bench(a) -> int:
     if not json_out.parent.is_dir():
         raise EdgespecError(f"{json_out.parent}: no such directory for --out")
     result = run_bench(d, modes, prompts, a.max_new_tokens, a.temperature, a.seed, a.provider, a.threads,
+                       provider_options=_provider_options(a),
                        cost=a.cost_curve, progress=not a.json, sessions=not a.new_controller_per_prompt, repeats=a.repeats)
     result["command"] = "edgespec " + " ".join(sys.argv[1:])
     _write_json(json_out, result)
@@ -396,7 +461,7 @@ def _cmd_eval(a) -> int:
 
     prompts = _prompt_set(a)
     d = _export_dir(a.dir, auto_export=False)
-    dec = SpecDecoder.load(d, provider=a.provider, shared_thread_pool=True)
+    dec = SpecDecoder.load(d, provider=a.provider, provider_options=_provider_options(a), shared_thread_pool=True)
     r = run_eval(dec, prompts, a.max_new_tokens, a.k, a.draws, a.ll_samples, progress=not a.json)
     r["command"] = "edgespec " + " ".join(sys.argv[1:])
     if a.out:
@@ -432,6 +497,12 @@ def _run(a) -> int:
         return _cmd_eval(a)
     if a.command == "generate":
         return _cmd_generate(a)
+    if a.command == "voice":
+        from .voice.cli import run_voice
+
+        return run_voice(a, _export_dir)
+    if a.command == "serve":
+        return _cmd_serve(a)
     if a.command == "chat":
         from .chat import run_chat
 
