@@ -410,9 +410,10 @@ def _cmd_serve(a) -> int:
     except ImportError:
         raise EdgespecError("the server needs the serve extra: pip install -e '.[serve]' in the edgespec checkout "
                             "(or pip install 'edgespec[serve]')") from None
+    sock = serve.listen(a.host, a.port)  # before loading: a port in use is said at once
     dec = _load(a)
     engine = serve.Engine(dec, _gen_kwargs(a, dec), a.max_queue, a.max_new_tokens)
-    return serve.serve(engine, a.host, a.port, a.max_body_bytes)
+    return serve.serve(engine, sock, a.max_body_bytes)
 
 
 def _prompt_set(a):
