@@ -312,10 +312,19 @@ def run(args) -> dict:
         dec.generate("Hello", max_new_tokens=4, k=2, mode=m).run()
     if any(m.startswith("adaptive") for m in modes):
         calibrate(dec)
-    prompts = builtin(args.per_class)
     enc = lambda p: dec.encode(messages=list(p.messages))  # noqa: E731
-    encoded = [enc(p) for p in prompts]
+    prompts, encoded, skipped = [], [], []
+    for p in builtin(args.per_class):  # as edgespec bench: skip what does not fit this export's context
+        ids = enc(p)
+        if len(ids) >= dec.context_length:
+            skipped.append(p.text[:40])
+        else:
+            prompts.append(p)
+            encoded.append(ids)
     lp = long_prompt(enc, args.long_prompt) if args.long_prompt else None
+    if lp and len(enc(lp)) + args.long_new_tokens > dec.context_length:
+        raise EdgespecError(f"--long-prompt {args.long_prompt} does not fit the export's {dec.context_length}-token "
+                            "context")
     ctx = max(4096, len(enc(lp)) + args.max_new_tokens + 64 if lp else 0)
     load_start = os.getloadavg()
     with ExitStack() as stack:
@@ -352,7 +361,7 @@ def run(args) -> dict:
         "settings": {"modes": modes, "peer_modes": [p.name for p in peer_modes], "per_class": args.per_class,
                      "max_new_tokens": args.max_new_tokens, "threads": args.threads, "repeats": args.repeats,
                      "greedy": True, "edgespec_controller": "new per prompt (cold)"},
-        "runs": [{k: v for k, v in r.items() if k != "tokens"} for r in runs],
+        "runs": [{k: v for k, v in r.items() if k != "tokens"} for r in runs], "skipped_prompts": skipped,
         "summary": summary, "headline": headline(summary), "long_prompt": long,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -263,3 +263,33 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
     assert not list(tmp_path.glob("o*"))
 
+
+
+def test_whole_run_on_the_tiny_pair_with_a_fake_server(tiny_export, home, tmp_path, capsys):
+    build = tmp_path / "build"
+    (build / "bin").mkdir(parents=True)
+    _fake_binary(build / "bin", FAKE_SERVER)
+    t, d = tmp_path / "t.gguf", tmp_path / "d.gguf"
+    t.write_bytes(b"GGUF")
+    d.write_bytes(b"GGUF")
+    out = tmp_path / "res" / "peers"
+    argv = [str(tiny_export), "--llama-build", str(build), "--target-gguf", str(t), "--draft-gguf", str(d),
+            "--per-class", "1", "--max-new-tokens", "8", "--long-prompt", "120", "--long-repeats", "1",
+            "--peer-modes", "plain,draft5,ngram", "--out", str(out)]
+    assert peers.main(argv) == 0
+    res = json.loads(out.with_suffix(".json").read_text())
+    labels = ["edgespec plain", "llama.cpp plain", "edgespec adaptive", "llama.cpp draft5", "edgespec lookup",
+              "llama.cpp ngram"]
+    assert list(res["summary"]) == labels
+    # the tiny export's 256-token context holds no code-edit prompt: skipped, as edgespec bench does
+    assert len(res["skipped_prompts"]) == 1
+    assert len(res["runs"]) == 3 * len(labels) and {r["class"] for r in res["runs"]} == {"code", "chat", "voice"}
+    # the same prompt ids went to both runtimes
+    for i in range(3):
+        assert len({r["prompt_tokens"] for r in res["runs"] if r["prompt"] == i}) == 1
+    assert "--spec-draft-n-max" in res["peer"]["server_commands"]["draft5"]
+    assert res["long_prompt"]["prompt_tokens"] >= 120
+    assert set(res["long_prompt"]["prefill_tok_s"]) == {"edgespec plain", "llama.cpp plain"}
+    assert res["headline"]["llama_best_speculative"] in ("llama.cpp draft5", "llama.cpp ngram")
+    assert out.with_suffix(".png").stat().st_size > 1000
+    assert "| llama.cpp | draft5 |" in capsys.readouterr().out
