@@ -23,7 +23,7 @@ def main():
     for p in builtin(3):
         dec.reset()
         ids = dec.encode(messages=list(p.messages))
-        answer = dec.generate(input_ids=ids, max_new_tokens=128, mode="plain").run().token_ids
+        answer = dec.generate(input_ids=ids, max_new_tokens=128, proposers=()).run().token_ids
         seq = ids + answer
         t = dec.target.forward(seq[:-1], dec.target.new_cache())[len(ids) - 1:]
         d = dec.draft.forward(seq[:-1], dec.draft.new_cache())[len(ids) - 1:]

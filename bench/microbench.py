@@ -10,7 +10,7 @@ from edgespec import paths
 from edgespec.decoder import SpecDecoder
 from edgespec.onnx_model import OnnxLM
 from edgespec.prompts import builtin
-from edgespec.sampling import SamplingParams
+from edgespec.generation import GenerationOptions
 from edgespec.stats import GenerationStats
 
 
@@ -50,7 +50,8 @@ def main():
         calls.update(target=0.0, draft=0.0)
         st = GenerationStats()
         t0 = time.perf_counter()
-        for _ in dec.generate_ids(ids, 128, SamplingParams(), 0, k, mode, False, st):
+        options = GenerationOptions(max_new_tokens=128, seed=0, proposers=("draft",) if k else (), k=k)
+        for _ in dec.generate_ids(ids, options, None, st):
             pass
         wall = (time.perf_counter() - t0) * 1e3
         other = wall - calls["target"] - calls["draft"]

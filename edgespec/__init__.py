@@ -7,8 +7,12 @@ The runtime needs only onnxruntime, numpy, tokenizers and jinja2. The exporter l
 __version__ = "0.1.0"
 
 from .adaptive import AdaptiveK  # noqa: E402
-from .decoder import Generation, SpecDecoder  # noqa: E402
+from .decoder import SpecDecoder  # noqa: E402
 from .errors import EdgespecError  # noqa: E402
+from .generation import Generation, GenerationOptions  # noqa: E402
+from .kpolicy import KPolicy, RoundPlan, RoundResult  # noqa: E402
+from .proposers import Proposal, Proposer, register  # noqa: E402
 from .stats import GenerationStats  # noqa: E402
 
-__all__ = ["AdaptiveK", "EdgespecError", "Generation", "GenerationStats", "SpecDecoder", "__version__"]
+__all__ = ["AdaptiveK", "EdgespecError", "Generation", "GenerationOptions", "GenerationStats", "KPolicy",
+           "Proposal", "Proposer", "RoundPlan", "RoundResult", "SpecDecoder", "register", "__version__"]

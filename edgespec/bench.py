@@ -13,61 +13,82 @@ import copy
 import platform
 import resource
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .adaptive import AdaptiveK, calibrate, expected_tokens
+from .adaptive import AdaptiveK, expected_tokens
+from .calibrate import calibrate
 from .decoder import SpecDecoder
+from .generation import GenerationOptions
+from .progress import progress_bar
 from .prompts import Prompt
-from .sampling import SamplingParams
 from .stats import GenerationStats
 
 
 @dataclass(frozen=True)
 class Mode:
     """A benchmark mode: ``plain``; ``k<K>`` (fixed K); ``adaptive`` or ``adaptive@<ms>`` (latency budget);
-    ``lookup`` (prompt lookup only, adaptive K); ``tree<N>`` (token trees of N nodes); a ``+tree`` suffix lets
-    the adaptive controller use trees, a ``+lookup`` suffix puts prompt lookup before the draft."""
+    ``tree<N>`` (token trees of N nodes); the name of a registered proposer without a model, e.g. ``lookup``
+    (that proposer alone, adaptive K). Suffixes: ``+tree`` lets the adaptive controller use trees, ``+<name>``
+    (e.g. ``+lookup``) puts that proposer before the draft."""
 
     name: str
     k: int | None = None
     budget_ms: float | None = None
-    lookup: bool = False
+    first: tuple[str, ...] = ()
     draft: bool = True
     tree: bool = False
 
     @staticmethod
     def parse(name: str) -> "Mode":
         """From the names above; ValueError otherwise."""
+        from .proposers import PROPOSERS
+
         if name == "plain":
             return Mode(name, k=0, draft=False)
-        if name == "lookup":
-            return Mode(name, lookup=True, draft=False)
-        base, lookup = (name[:-7], True) if name.endswith("+lookup") else (name, False)
-        base, tree = (base[:-5], True) if base.endswith("+tree") else (base, False)
-        if base.startswith("tree") and base[4:].isdigit():
-            return Mode(name, k=int(base[4:]), lookup=lookup, tree=True)
-        if base.startswith("k") and base[1:].isdigit() and not tree:
-            return Mode(name, k=int(base[1:]), lookup=lookup)
-        if base == "adaptive":
-            return Mode(name, lookup=lookup, tree=tree)
-        if base.startswith("adaptive@"):
-            try:
-                return Mode(name, budget_ms=float(base.split("@", 1)[1]), lookup=lookup, tree=tree)
-            except ValueError:
-                pass
-        raise ValueError(f"unknown mode {name!r} (plain, k<K>, tree<N>, adaptive, adaptive@<ms>, lookup, "
-                         "adaptive+tree, …+lookup)")
+        base, *extras = name.split("+")
+        tree = "tree" in extras
+        first = tuple(e for e in extras if e != "tree")
+        known = [n for n, cls in PROPOSERS.items() if not cls.uses_draft]
+        if all(e in known for e in first) and len(set(extras)) == len(extras):
+            if base in known and not extras:
+                return Mode(name, first=(base,), draft=False)
+            if base.startswith("tree") and base[4:].isdigit():
+                return Mode(name, k=int(base[4:]), first=first, tree=True)
+            if base.startswith("k") and base[1:].isdigit() and not tree:
+                return Mode(name, k=int(base[1:]), first=first)
+            if base == "adaptive":
+                return Mode(name, first=first, tree=tree)
+            if base.startswith("adaptive@"):
+                try:
+                    return Mode(name, budget_ms=float(base.split("@", 1)[1]), first=first, tree=tree)
+                except ValueError:
+                    pass
+        raise ValueError(f"unknown mode {name!r} (plain, k<K>, tree<N>, adaptive, adaptive@<ms>, "
+                         f"{', '.join(known)}, adaptive+tree, …+<proposer>)")
 
     def controller(self, dec: SpecDecoder) -> AdaptiveK:
         """A new adaptive controller for this mode on ``dec``."""
-        return AdaptiveK.for_decoder(dec, latency_budget_ms=self.budget_ms, has_draft=self.draft, tree=self.tree)
+        return AdaptiveK.for_decoder(dec, latency_budget_ms=self.budget_ms)
 
     @property
-    def decoder_mode(self) -> str:
-        return "plain" if self.name == "plain" else ("spec" if self.draft else "lookup")
+    def proposers(self) -> tuple[str, ...]:
+        """The mode's proposers in priority order (a fixed-size tree replaces the chain; an adaptive tree is
+        offered beside it)."""
+        if self.name == "plain":
+            return ()
+        if not self.draft:
+            return self.first
+        chain = (("tree",) if self.k is not None else ("draft", "tree")) if self.tree else ("draft",)
+        return self.first + chain
+
+    def options(self, max_new_tokens: int, temperature: float, seed: int) -> GenerationOptions:
+        """The generation options of one run of this mode (a fixed K, or the controller's)."""
+        k = self.k if self.k is not None else 4
+        return GenerationOptions(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                                 proposers=self.proposers, k=k, n_nodes=k)
 
 
 def _median(xs) -> float | None:
@@ -78,23 +99,22 @@ def _pct(xs, q) -> float | None:
     return float(np.percentile(xs, q)) if len(xs) else None
 
 
-def run_one(dec: SpecDecoder, mode: Mode, prompt: Prompt, max_new_tokens: int, sp: SamplingParams,
+def run_one(dec: SpecDecoder, mode: Mode, prompt: Prompt, max_new_tokens: int, temperature: float,
             seed: int, policy: AdaptiveK | None = None) -> dict:
     """One generation from fresh caches; returns its measurements (times in ms, rates in tok/s).
 
     Adaptive modes use ``policy`` (a controller that may have run earlier prompts) or a new one."""
     dec.reset()
     ids = dec.encode(messages=list(prompt.messages))
-    m = mode.decoder_mode
-    if mode.k is None and policy is None:
+    options = mode.options(max_new_tokens, temperature, seed)
+    if mode.k is None and policy is None and options.proposers:
         policy = mode.controller(dec)
-    k = mode.k if mode.k is not None else policy
     warm = bool(policy is not None and policy.lengths)
     stats = GenerationStats()
     t0 = time.perf_counter()
     last, gaps = t0, []
     first_ms = None
-    for toks, _ in dec.generate_ids(ids, max_new_tokens, sp, seed, k, m, mode.lookup, stats, mode.tree):
+    for toks, _ in dec.generate_ids(ids, options, policy if mode.k is None else None, stats):
         now = time.perf_counter()
         if first_ms is None:
             first_ms = (now - t0) * 1e3
@@ -106,14 +126,14 @@ def run_one(dec: SpecDecoder, mode: Mode, prompt: Prompt, max_new_tokens: int, s
         "class": prompt.cls, "mode": mode.name, "prompt_tokens": len(ids), "new_tokens": s.new_tokens,
         "ttft_ms": first_ms, "wall_ms": s.wall_ms, "e2e_tok_s": s.tokens_per_s, "decode_tok_s": s.decode_tokens_per_s,
         "itl_p50_ms": _pct(gaps, 50), "itl_p95_ms": _pct(gaps, 95), "rounds": s.rounds,
-        "alpha": s.alpha if m != "plain" else None, "lookup_rounds": s.lookup_rounds,
-        "tree_rounds": s.tree_rounds, "accepted_per_target_run": s.accepted / s.rounds if s.rounds else 0.0,
+        "alpha": s.alpha if options.proposers else None,
+        "proposers": {name: asdict(ps) for name, ps in s.proposers.items()}, "accepted_per_target_run": s.accepted / s.rounds if s.rounds else 0.0,
         "accepted": s.accepted, "evaluated": s.evaluated,
         "proposed": s.proposed, "mean_accepted_length": s.mean_accepted_length,
         "accepted_per_position": s.accepted_per_position, "proposed_per_position": s.proposed_per_position,
         "mean_k": float(np.mean(s.k_per_round)) if s.k_per_round else 0.0,
         "round_p50_ms": _pct(s.round_ms, 50), "round_p95_ms": _pct(s.round_ms, 95),
-        "draft_ms": s.draft_ms, "verify_ms": s.verify_ms, "warm_controller": warm,
+        "draft_ms": s.draft_ms, "verify_ms": s.verify_ms, "warm_controller": warm, "adaptive": policy is not None,
     }
     if mode.budget_ms is not None:
         rec["budget_ms"] = mode.budget_ms
@@ -138,7 +158,7 @@ def summarize(runs: list[dict], modes: list[str]) -> dict:
             sp_dec = [x for _, x in paired]
             # adaptive modes: the prompts that met a new controller (nothing learned from earlier prompts)
             sp_new = [x for r, x in paired
-                      if r.get("warm_controller") is False and r["mode"].startswith(("adaptive", "lookup"))]
+                      if r.get("warm_controller") is False and r.get("adaptive")]
             sp_e2e = [r["e2e_tok_s"] / plain[r["prompt"]]["e2e_tok_s"] for r in sel
                       if r["prompt"] in plain and plain[r["prompt"]]["e2e_tok_s"] > 0]
             acc, ev = sum(r["accepted"] for r in sel), sum(r["evaluated"] for r in sel)
@@ -173,6 +193,7 @@ def summarize(runs: list[dict], modes: list[str]) -> dict:
 
 def cost_curve(dec: SpecDecoder, n_max: int = 9, context: int = 256, reps: int = 5) -> dict:
     """Target t(N)/t(1) for N = 1..n_max, the draft's step time and c = t_draft / t_target(1) (ms)."""
+    context = min(context, dec.context_length - n_max)  # past + N must fit the model's positions
     cm = calibrate(dec, k_max=n_max - 1, context=context, reps=reps, use_cache=False)
     t1 = cm.verify_ms[0]
     return {"context": context, "target_ms": cm.verify_ms, "ratio": [t / t1 for t in cm.verify_ms],
@@ -212,18 +233,15 @@ def run_bench(export_dir: str | Path, modes: list[str], prompts: list[Prompt], m
     controller state); each (prompt, mode) keeps the repeat with the median decode rate (the lower middle one
     for an even count) (short answers of a
     few hundred ms vary by ±15% between runs here)."""
-    from tqdm.auto import tqdm
-
     parsed = [Mode.parse(m) for m in modes]
-    sp = SamplingParams(temperature)
     spec = SpecDecoder.load(export_dir, provider=provider, threads=threads, shared_thread_pool=True)
     rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    for m in ("plain", "spec"):  # warm-up: first runs allocate
-        spec.generate("Hello", max_new_tokens=4, k=2, mode=m).run()
-    if any(m.name.startswith("adaptive") for m in parsed):
+    for proposers in ((), ("draft",)):  # warm-up: first runs allocate
+        spec.generate("Hello", max_new_tokens=4, k=2, proposers=proposers).run()
+    if any(m.k is None for m in parsed):  # adaptive modes: measure the cost model once, before timing
         calibrate(spec)
     runs, skipped, controllers = [], [], {}
-    bar = tqdm(total=len(prompts) * len(parsed), desc="bench", unit="run", disable=not progress)
+    bar = progress_bar(len(prompts) * len(parsed), "bench", progress, unit="run")
     for i, prompt in enumerate(prompts):
         if len(spec.encode(messages=list(prompt.messages))) >= spec.context_length:
             skipped.append(i)  # does not fit this export's context
@@ -240,7 +258,7 @@ def run_bench(export_dir: str | Path, modes: list[str], prompts: list[Prompt], m
         for _ in range(repeats):  # interleaved: a slow stretch of the machine hits every mode alike
             for mode in order:
                 policy = copy.deepcopy(start[mode.name]) if start[mode.name] is not None else None
-                reps[mode.name].append((run_one(spec, mode, prompt, max_new_tokens, sp, seed + i, policy), policy))
+                reps[mode.name].append((run_one(spec, mode, prompt, max_new_tokens, temperature, seed + i, policy), policy))
         for mode in order:
             rs = sorted(reps[mode.name], key=lambda rp: rp[0]["decode_tok_s"])
             rec, policy = rs[(len(rs) - 1) // 2]  # the median (the lower middle one for an even count)
@@ -262,6 +280,35 @@ def run_bench(export_dir: str | Path, modes: list[str], prompts: list[Prompt], m
         result["cost_curve"] = cost_curve(spec)
         result["predicted"] = predicted_speedups(result["cost_curve"], result["summary"])
     return result
+
+
+def format_bench(result: dict) -> str:
+    """A Markdown table: one row per mode and prompt class."""
+    rows = ["| mode | class | decode tok/s | speedup (median, min) | alpha | tokens/round | mean K | TTFT ms "
+            "| ITL p50/p95 ms |", "|---|---|---|---|---|---|---|---|---|"]
+    for mode, per in result["summary"].items():
+        for cls, s in per.items():
+            sp = ("—" if s["speedup_decode_median"] is None else
+                  f"{s['speedup_decode_median']:.2f}× ({s['speedup_decode_min']:.2f}×)")
+            alpha = "—" if s["alpha"] is None else f"{s['alpha']:.2f}"
+            rows.append(f"| {mode} | {cls} | {s['decode_tok_s']:.1f} | {sp} | {alpha} | "
+                        f"{s['mean_accepted_length']:.2f} | {s['mean_k']:.1f} | {s['ttft_ms']:.0f} | "
+                        f"{s['itl_p50_ms']:.0f}/{s['itl_p95_ms']:.0f} |")
+    lines = rows + [f"\npeak RSS {result['peak_rss_mb']:.0f} MB (after load {result['rss_after_load_mb']:.0f} MB)"]
+    for mode, per in result["summary"].items():
+        if "budget_ms" in per.get("all", {}):
+            s = per["all"]
+            lines.append(f"{mode}: budget {s['budget_ms']:g} ms, round p95 {s['round_p95_ms']:.0f} ms, "
+                         f"{100 * s['share_rounds_over_budget']:.1f}% of rounds over budget")
+    if "cost_curve" in result:
+        c = result["cost_curve"]
+        lines.append("target t(N)/t(1), N=1..%d: %s; t(1) = %.1f ms; draft step %.1f ms, c = %.2f" % (
+            len(c["ratio"]), " ".join(f"{r:.2f}" for r in c["ratio"]), c["target_ms"][0], c["draft_ms"], c["c"]))
+        for mode, p in result.get("predicted", {}).items():
+            lines.append(f"{mode}: alpha {p['alpha']:.2f}; predicted speedup {p['leviathan']:.2f}× (Leviathan, "
+                         f"verify = t(1)), {p['with_measured_verify_cost']:.2f}× (measured t(K+1)); "
+                         f"measured {p['measured']:.2f}×")
+    return "\n".join(lines)
 
 
 def _cpus() -> dict:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import sys
 
+from .stats import format_stats
+
 UNDERLINE, RESET = "\x1b[4m", "\x1b[0m"
 HELP = "commands: /reset  /stats  /exit"
 
 
 def run_chat(args, decoder, gen_kwargs) -> int:
     """Read user turns from stdin until EOF or /exit; stream each reply to stdout, stats to stderr."""
-    from .cli import format_stats
-
     interactive = sys.stdin.isatty()
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(system)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import paths
 from .errors import EdgespecError
+from .stats import format_stats
 
 
 class _Parser(argparse.ArgumentParser):
@@ -111,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the output head at this many bits")
     p.add_argument("--draft-vocab", type=_pos_int, default=None,
                    help="prune the draft's lm_head to this many frequent token ids (FR-Spec), e.g. 32768")
+    p.add_argument("--graph-format", type=int, choices=(2, 3), default=None,
+                   help="3: in-place KV cache and fused GroupQueryAttention; 2: the traced graph "
+                        "(default: the exporter's, see README)")
 
     p = sub.add_parser("chat", help="interactive chat (streams; /reset /stats /exit)")
     _add_generation_options(p)
@@ -188,9 +192,10 @@ def _cmd_export(a) -> int:
         from edgespec_export import ExportOptions, export_pair
     except ImportError:
         raise EdgespecError(_NO_EXPORTER) from None
-    t = ExportOptions(a.precision, a.block_size, a.accuracy_level, a.lm_head_bits)
+    fmt = {} if a.graph_format is None else {"graph_format": a.graph_format}
+    t = ExportOptions(a.precision, a.block_size, a.accuracy_level, a.lm_head_bits, **fmt)
     d = ExportOptions(a.draft_precision or a.precision, a.block_size, a.accuracy_level, a.lm_head_bits,
-                      a.draft_vocab)
+                      a.draft_vocab, **fmt)
     target, draft = a.target, a.draft
     if a.pair is not None:
         if target or draft:
@@ -243,20 +248,37 @@ def _load(a):
                             shared_thread_pool=True)
 
 
+def _proposers(a) -> tuple[str, ...]:
+    """--mode/--lookup/--tree as proposers in priority order: a fixed-size tree replaces the draft chain, an
+    adaptive one is offered beside it."""
+    if a.mode == "plain":
+        return ()
+    if a.mode == "lookup":
+        return ("lookup",)
+    chain = (("tree",) if a.k is not None else ("draft", "tree")) if a.tree else ("draft",)
+    return (("lookup",) if a.lookup else ()) + chain
+
+
 def _k_policy(a, decoder):
+    """None (fixed K from the options) or an adaptive controller."""
     if a.k is not None:
         if a.latency_budget_ms is not None:
             raise EdgespecError("--k fixes K; --latency-budget-ms needs adaptive K (drop --k)")
-        return a.k
+        return None
     from .adaptive import AdaptiveK
 
-    return AdaptiveK.for_decoder(decoder, latency_budget_ms=a.latency_budget_ms, tree=a.tree)
+    return AdaptiveK.for_decoder(decoder, latency_budget_ms=a.latency_budget_ms)
 
 
 def _gen_kwargs(a, decoder) -> dict:
-    return dict(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k, top_p=a.top_p,
-                seed=a.seed, k=_k_policy(a, decoder) if a.mode != "plain" else 0, mode=a.mode,
-                lookup=a.lookup, tree=a.tree, draft_p_min=a.draft_p_min)
+    """Keyword arguments of :meth:`SpecDecoder.generate` for the generation flags: ``options`` and ``policy``."""
+    from .generation import GenerationOptions
+
+    k = a.k if a.k is not None else 4
+    options = GenerationOptions(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
+                                top_p=a.top_p, seed=a.seed, proposers=_proposers(a), k=k, n_nodes=k,
+                                draft_p_min=a.draft_p_min)
+    return dict(options=options, policy=_k_policy(a, decoder) if options.proposers else None)
 
 
 def _cmd_generate(a) -> int:
@@ -291,7 +313,7 @@ def _write_json(path: Path, data) -> None:
 
 
 def _cmd_bench(a) -> int:
-    from .bench import Mode, plot, run_bench
+    from .bench import Mode, format_bench, plot, run_bench
 
     modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     if a.latency_budget_ms is not None:
@@ -320,35 +342,6 @@ def _cmd_bench(a) -> int:
         print(format_bench(result))
         print(f"wrote {json_out} and {png_out}")
     return 0
-
-
-def format_bench(result: dict) -> str:
-    """A Markdown table: one row per mode and prompt class."""
-    rows = ["| mode | class | decode tok/s | speedup (median, min) | alpha | tokens/round | mean K | TTFT ms "
-            "| ITL p50/p95 ms |", "|---|---|---|---|---|---|---|---|---|"]
-    for mode, per in result["summary"].items():
-        for cls, s in per.items():
-            sp = ("—" if s["speedup_decode_median"] is None else
-                  f"{s['speedup_decode_median']:.2f}× ({s['speedup_decode_min']:.2f}×)")
-            alpha = "—" if s["alpha"] is None else f"{s['alpha']:.2f}"
-            rows.append(f"| {mode} | {cls} | {s['decode_tok_s']:.1f} | {sp} | {alpha} | "
-                        f"{s['mean_accepted_length']:.2f} | {s['mean_k']:.1f} | {s['ttft_ms']:.0f} | "
-                        f"{s['itl_p50_ms']:.0f}/{s['itl_p95_ms']:.0f} |")
-    lines = rows + [f"\npeak RSS {result['peak_rss_mb']:.0f} MB (after load {result['rss_after_load_mb']:.0f} MB)"]
-    for mode, per in result["summary"].items():
-        if "budget_ms" in per.get("all", {}):
-            s = per["all"]
-            lines.append(f"{mode}: budget {s['budget_ms']:g} ms, round p95 {s['round_p95_ms']:.0f} ms, "
-                         f"{100 * s['share_rounds_over_budget']:.1f}% of rounds over budget")
-    if "cost_curve" in result:
-        c = result["cost_curve"]
-        lines.append("target t(N)/t(1), N=1..%d: %s; t(1) = %.1f ms; draft step %.1f ms, c = %.2f" % (
-            len(c["ratio"]), " ".join(f"{r:.2f}" for r in c["ratio"]), c["target_ms"][0], c["draft_ms"], c["c"]))
-        for mode, p in result.get("predicted", {}).items():
-            lines.append(f"{mode}: alpha {p['alpha']:.2f}; predicted speedup {p['leviathan']:.2f}× (Leviathan, "
-                         f"verify = t(1)), {p['with_measured_verify_cost']:.2f}× (measured t(K+1)); "
-                         f"measured {p['measured']:.2f}×")
-    return "\n".join(lines)
 
 
 def _cmd_eval(a) -> int:
@@ -380,20 +373,6 @@ def _cmd_eval(a) -> int:
               f"(perplexity {l['perplexity']:.2f}, {l['samples']} texts)")
     ok = all(g["identical"] or g["near_tie"] for g in r["greedy"])
     return 0 if ok else 1
-
-
-def format_stats(s) -> str:
-    """One line: tokens, tok/s, alpha, mean accepted length, K, timings."""
-    line = f"[{s.new_tokens} tokens, {s.tokens_per_s:.2f} tok/s, prefill {s.prefill_ms:.0f} ms"
-    if s.mode != "plain":
-        ks = s.k_per_round
-        line += (f", alpha {s.alpha:.2f}, {s.mean_accepted_length:.2f} tokens/round, "
-                 f"mean K {sum(ks) / max(len(ks), 1):.1f}, draft {s.draft_ms:.0f} ms, verify {s.verify_ms:.0f} ms")
-    if s.latency_budget_ms is not None and s.round_ms:
-        r = s.round_latency()
-        line += (f", rounds p50/p95 {r['round_p50_ms']:.0f}/{r['round_p95_ms']:.0f} ms vs budget "
-                 f"{s.latency_budget_ms:g} ms ({100 * r['share_rounds_over_budget']:.0f}% over)")
-    return line + "]"
 
 
 def _run(a) -> int:

@@ -12,14 +12,16 @@ from typing import Iterator
 
 import numpy as np
 
-from .kpolicy import FixedK, KPolicy
-from .lookup import ngram_lookup
+from .generation import Generation, GenerationOptions
+from .kpolicy import FixedK, KPolicy, Offer, RoundPlan, RoundResult, Situation
 from .manifest import Manifest, load_manifest
 from .onnx_model import KVCache, OnnxLM, use_shared_thread_pool
-from .sampling import SamplingParams, accept_reject, greedy_accept, probs, sample
+from .proposers import Proposer, resolve
+from .sampling import (SamplingParams, accept_reject, greedy_accept, probs, sample, top1_probability,
+                       verify_tree)
 from .stats import GenerationStats
-from .text import ChatTemplate, IncrementalDetokenizer, load_tokenizer
-from .tree import TokenTree, TreeShape, pick_children, verify_tree
+from .text import ChatTemplate, load_tokenizer
+from .tree import TokenTree
 
 PREFILL_CHUNK = 256
 
@@ -57,7 +59,7 @@ class SpecDecoder:
              shared_thread_pool: bool = False) -> "SpecDecoder":
         """Open an export directory written by ``edgespec export``.
 
-        ``load_draft=False`` gives a target-only decoder (``mode="plain"`` or ``"lookup"``).
+        ``load_draft=False`` gives a target-only decoder (plain decoding or proposers without a model).
         ``shared_thread_pool=True`` calls :func:`~edgespec.onnx_model.use_shared_thread_pool` first (faster;
         changes how every later onnxruntime session of the process must be created).
 
@@ -84,9 +86,6 @@ class SpecDecoder:
     def reset(self) -> None:
         """Forget the conversation: empty both caches."""
         self.tokens: list[int] = []
-        self.plain_row: np.ndarray | None = None  # float32 (V,): the target's logits at the last plain step
-        self.draft_step_ms: list[float] = []  # times of the last proposal's one-token draft steps (ms)
-        self.catchup: tuple[float, int] = (0.0, 0)  # the last proposal's catch-up feed: (ms, tokens)
         self.tcache: KVCache = self.target.new_cache()
         self.dcache: KVCache | None = self.draft.new_cache() if self.draft else None
 
@@ -111,13 +110,30 @@ class SpecDecoder:
             raise ValueError("the prompt is empty")
         return ids
 
-    # -- the three steps -------------------------------------------------------------------------------
+    def rewind_to(self, n: int) -> None:
+        """Keep the first ``n`` committed tokens and forget the rest: the one public rollback.
 
-    def _prefill(self, ids: list[int], sp: SamplingParams, rng: np.random.Generator) -> int:
-        """Run the prompt through the target, reusing the cached common prefix with the previous call, and
-        sample the first new token from the last position's p."""
+        Afterwards ``tokens[n-1]`` is ``last`` (committed, not cached), the target cache holds positions
+        0..n-2 and the draft cache at most as many; the next round continues from there.
+
+        Raises:
+            ValueError: ``n`` outside 1..len(tokens).
+        """
+        if not 1 <= n <= len(self.tokens):
+            raise ValueError(f"rewind_to: n must be in 1..{len(self.tokens)}, got {n}")
+        del self.tokens[n:]
+        self.tcache.crop(min(self.tcache.length, n - 1))
+        if self.dcache is not None:
+            self.dcache.crop(min(self.dcache.length, n - 1))
+
+    # -- the steps -------------------------------------------------------------------------------------
+
+    def prefill(self, ids: list[int], sp: SamplingParams, rng: np.random.Generator) -> int:
+        """Run the prompt ``ids`` through the target, reusing the cached common prefix with the previous call,
+        and commit the first new token sampled from the last position's p (returned). Afterwards a round can
+        start: ``tokens`` = ids + [token]."""
         keep = min(_common_prefix(self.tokens, ids), len(ids) - 1)
-        self.tcache.crop(keep)  # rollback site for a new prompt: drop what the new prompt does not share
+        self.tcache.crop(keep)  # drop what the new prompt does not share
         if self.dcache is not None:
             self.dcache.crop(keep)
         self.tokens = list(ids)
@@ -128,271 +144,189 @@ class SpecDecoder:
         self.tokens.append(x)
         return x
 
-    def _prefill_state(self, ids: list[int]) -> None:
-        """Commit ``ids`` with the last one as ``last`` (not cached): the state a round starts from."""
-        self.reset()
-        self.target.forward(ids[:-1], self.tcache, keep=1)
-        self.tokens = list(ids)
-
-    def _plain_step(self, sp: SamplingParams, rng: np.random.Generator) -> int:
-        self.plain_row = self.target.forward(self.tokens[-1:], self.tcache)[-1]
-        if sp.greedy:
-            return int(np.argmax(self.plain_row))
-        return sample(probs(self.plain_row, sp), rng)
-
-    def _draft_probs(self, logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
-        """q over the target's vocabulary from draft logits (pruned heads map back; q = 0 outside)."""
+    def draft_probs(self, logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
+        """q float64 (V,) over the target's vocabulary from draft logits float32 (V_d,): a pruned head maps
+        back, q = 0 outside; a head wider than the target's vocabulary is truncated."""
         if self.kept_ids is None:
             return probs(logits, sp, self.width)
         q = np.zeros(self.width, dtype=np.float64)
         q[self.kept_ids] = probs(logits, sp)
         return q
 
-    def _propose_draft(self, k: int, sp: SamplingParams, rng: np.random.Generator,
-                       p_min: float | None = None) -> tuple[list[int], np.ndarray | None]:
-        """Up to K tokens sampled autoregressively from the draft's q; feeds first what the draft has not seen.
+    def draft_argmax(self, logits: np.ndarray) -> int:
+        """The draft's greedy token as a target id (ids the target cannot take are out)."""
+        best = int(np.argmax(logits if self.kept_ids is not None else logits[:self.width]))
+        return int(self.kept_ids[best]) if self.kept_ids is not None else best
 
-        With ``p_min``, drafting stops early (after at least one token) once the draft's top probability
-        (temperature 1) falls below it, like llama.cpp's ``--draft-p-min``; lossless, as K is then chosen from
-        the draft's own outputs only. Greedy proposals are the draft's argmax and q is None (not needed by
-        :func:`~edgespec.sampling.greedy_accept`).
+    def run_round(self, plan: RoundPlan, sp: SamplingParams, rng: np.random.Generator) -> RoundResult:
+        """One target run: plan → propose → verify → accept → roll back → catch up; commits the new tokens.
+
+        Invariant on entry and exit: the target cache holds positions 0..L-1 of ``tokens``; ``tokens[L]``
+        (``last``) is committed but not cached; the draft cache holds 0..Ld-1 with Ld ≤ L (it lags after
+        plain steps, lookup rounds or full acceptance, and catches up in its next proposal's first feed).
+        A plan of size 0 is a plain step (an empty proposal), optionally followed by a draft catch-up.
         """
-        feed, drafted, q = self.tokens[self.dcache.length:], [], []
-        self.draft_step_ms, self.catchup = [], (0.0, 0)  # one-token steps; (ms, tokens) of a catch-up feed
-        for i in range(k):
-            t0 = time.perf_counter()
-            logits = self.draft.forward(feed, self.dcache, keep=1)[-1]
-            ms = (time.perf_counter() - t0) * 1e3
-            if len(feed) == 1:
-                self.draft_step_ms.append(ms)
-            else:  # the feed's time includes drafting the first token (one draft step)
-                self.catchup = (ms, len(feed) - 1)
-            if p_min is not None and i > 0 and self._tree_q(logits, SamplingParams(0)).max() < p_min:
-                break
-            if sp.greedy:  # a draft head wider than the target's vocabulary: ids the target cannot take are out
-                best = int(np.argmax(logits if self.kept_ids is not None else logits[:self.width]))
-                drafted.append(int(self.kept_ids[best]) if self.kept_ids is not None else best)
-            else:
-                q.append(self._draft_probs(logits, sp))
-                drafted.append(sample(q[-1], rng))
-            feed = drafted[-1:]
-        return drafted, (np.stack(q) if q else None)
+        t0 = time.perf_counter()
+        L = len(self.tokens) - 1
+        # 1. propose: a token tree with its q (a chain: parents i-1; a plain step: no tokens)
+        prop = plan.proposer.propose(self, plan.size, sp, rng) if plan.size > 0 else None
+        tree = prop.tree if prop is not None else TokenTree()
+        draft_ms = (time.perf_counter() - t0) * 1e3 if prop is not None else 0.0
+        # 2. verify: the target scores `last` and every proposal token in one run → logits float32 (N+1, V)
+        logits = self._verify(L, tree)
+        # 3. accept: the rule of sampling.py — min(1, p/q) per token, a correction from norm(max(0, p - q)),
+        #    or a bonus token from p after the last accepted one
+        path, x = self._accept(tree, logits, sp, rng)
+        # 4. roll back: keep the accepted path's KV entries, then commit
+        self._roll_back(L, path, draft_kept=min(len(path), prop.draft_rows) if prop is not None else 0)
+        self.tokens += [tree.tokens[i] for i in path] + [x]
+        # 5. catch up: a plain step may feed the draft part of what it lags (the new token stays unfed)
+        catchup_ms, catchup_tokens = (prop.catchup_ms, prop.catchup_tokens) if prop is not None else (0.0, 0)
+        if prop is None and plan.catchup_tokens > 0 and self.dcache is not None:
+            catchup_ms, catchup_tokens = self._catch_up(plan.catchup_tokens)
+            draft_ms = catchup_ms
+        steps = prop.draft_step_ms if prop is not None else []
+        return RoundResult(
+            plan=plan, tokens=[tree.tokens[i] for i in path] + [x], proposer=plan.proposer if len(tree) else None,
+            depths=tuple(tree.depth), accepted=len(path), bonus=not tree.children.get(path[-1] if path else -1),
+            draft_ms=draft_ms, round_ms=(time.perf_counter() - t0) * 1e3,
+            draft_step_ms=float(np.median(steps)) if steps else None, catchup_ms=catchup_ms,
+            catchup_tokens=catchup_tokens, logits=logits[-1] if not len(tree) else None)
 
-    def _spec_round(self, drafted: list[int], q: np.ndarray | None, sp: SamplingParams, rng: np.random.Generator,
-                    stats: GenerationStats) -> tuple[list[int], int]:
-        """Verify, accept and roll back one proposal (Leviathan et al. 2023, Algorithm 1).
+    def _verify(self, L: int, tree: TokenTree) -> np.ndarray:
+        """2. The target's logits float32 (N+1, V) for `last` and the N proposal tokens: a chain with the
+        causal mask, a tree with its ancestor mask and per-node positions (prefix length + depth)."""
+        ids = [self.tokens[-1]] + tree.tokens
+        if tree.is_chain:
+            return self.target.forward(ids, self.tcache)
+        n = len(tree)
+        mask = np.ones((1, 1, n + 1, L + n + 1), dtype=bool)  # bool (1, 1, N+1, L+N+1)
+        mask[0, 0, :, L:] = tree.ancestors_mask()
+        pos = L + np.array([0] + tree.depth, dtype=np.int64)
+        return self.target.forward(ids, self.tcache, pos, mask)
 
-        Invariant on entry: the target cache holds positions 0..L-1 of ``self.tokens``; ``self.tokens[L]``
-        (``last``) is committed but not cached; the draft cache holds 0..Ld-1 with Ld ≤ L + K (it lags after
-        plain steps, lookup rounds or full acceptance, and catches up in the next draft proposal).
-        ``drafted`` int (K,) was sampled from ``q`` float (K, V) (greedy: q None, one-hot implied).
-        Returns (new tokens, accepted count).
-        """
-        L, k = len(self.tokens) - 1, len(drafted)
-        # 2. verify: the target scores `last` and all K drafted tokens in one run → p (K+1, V)
-        logits = self.target.forward([self.tokens[-1]] + drafted, self.tcache)
-        # 3. accept: min(1, p/q) per token; correction from norm(max(0, p-q)) or a bonus token from p_{K+1}
+    def _accept(self, tree: TokenTree, logits: np.ndarray, sp: SamplingParams,
+                rng: np.random.Generator) -> tuple[list[int], int]:
+        """3. (accepted node indices, the correction or bonus token). Chains take the fast paths
+        (:func:`greedy_accept`, :func:`accept_reject`); trees the walk :func:`verify_tree`; all share
+        :func:`~edgespec.sampling.accept_candidates`. A fixed proposal (no q) has one-hot q."""
+        if not tree.is_chain:
+            return verify_tree(tree, probs(logits, sp), sp, rng)
+        drafted = np.asarray(tree.tokens, dtype=np.int64)
         if sp.greedy:
-            n, x = greedy_accept(np.asarray(drafted), logits)
+            n, x = greedy_accept(drafted, logits)
         else:
-            n, x = accept_reject(np.asarray(drafted), q, probs(logits, sp), rng)
-        self._roll_back(L, list(range(n)), draft_kept=n)
-        stats.proposed += k
-        stats.accepted += n
-        stats.corrections += int(n < k)
-        stats.bonus += int(n == k)
-        stats.record_position(k, n)
-        return drafted[:n] + [x], n
+            if tree.q:
+                q = np.stack([tree.q[i - 1] for i in range(len(drafted))])
+            else:  # one-hot q: accepted with probability p(x)
+                q = np.zeros((len(drafted), self.width))
+                q[np.arange(len(drafted)), drafted] = 1.0
+            n, x = accept_reject(drafted, q, probs(logits, sp), rng)
+        return list(range(n)), x
 
     def _roll_back(self, L: int, accepted_rows: list[int], draft_kept: int) -> None:
         """4. Roll back: the one place a round shortens the caches.
 
         The target keeps the committed prefix 0..L (``last`` at L) and, after it, the verified rows of the
         accepted proposal tokens (indices into the proposal; a chain's prefix is a view, a tree's path a
-        gather). The draft keeps its first ``draft_kept`` proposal positions; 5. its catch-up is the next
+        gather). The draft keeps its first ``draft_kept`` proposal positions; its catch-up is the next
         proposal's first feed.
         """
         self.tcache.crop(L + 1, keep=[L + 1 + i for i in accepted_rows])
         if self.dcache is not None:
             self.dcache.crop(min(self.dcache.length, L + 1 + draft_kept))
 
-    def _tree_q(self, logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
-        """The distribution tree children are drawn from: q itself when sampling; for greedy the draft's
-        temperature-1 softmax, so that the top-m children and the shape are informed by its uncertainty."""
-        return self._draft_probs(logits, SamplingParams(1.0) if sp.greedy else sp)
-
-    def _propose_tree(self, shape: TreeShape, sp: SamplingParams, rng: np.random.Generator) -> TokenTree:
-        """Grow a token tree with the draft, one draft run per level (see :mod:`.tree`)."""
-        L = len(self.tokens) - 1
-        tree = TokenTree()
-        feed = self.tokens[self.dcache.length:]
+    def _catch_up(self, m: int) -> tuple[float, int]:
+        """5. Feed the draft up to ``m`` committed tokens it has not seen, the newest excluded; (ms, tokens)."""
+        start = self.dcache.length
+        feed = self.tokens[start:min(start + m, len(self.tokens) - 1)]
         t0 = time.perf_counter()
-        logits = self.draft.forward(feed, self.dcache, keep=1)
-        ms = (time.perf_counter() - t0) * 1e3
-        self.draft_step_ms, self.catchup = ([ms], (0.0, 0)) if len(feed) == 1 else ([], (ms, len(feed) - 1))
-        committed = self.dcache.length  # = L + 1: everything up to and including `last`
-        frontier, score, slot = [-1], {-1: 1.0}, {}
-        for depth in range(1, shape.depth + 1):
-            level = []
-            for v, row in zip(frontier, logits):
-                q = self._tree_q(row, sp)
-                tree.q[v] = q
-                m = min(1 if q.max() >= shape.confident else shape.branch, shape.budget - len(tree))
-                for x in pick_children(q, m, sp, rng):
-                    c = tree.add(v, x)
-                    score[c] = score[v] * q[x]
-                    level.append(c)
-            if not level or len(tree) >= shape.budget or depth == shape.depth:
-                break
-            frontier = sorted(level, key=lambda c: -score[c])[:shape.width]
-            start = self.dcache.length
-            mask = np.zeros((1, 1, len(frontier), start + len(frontier)), dtype=bool)
-            mask[..., :committed] = True
-            for j, c in enumerate(frontier):
-                a = tree.parents[c]
-                while a >= 0:
-                    mask[0, 0, j, slot[a]] = True
-                    a = tree.parents[a]
-                mask[0, 0, j, start + j] = True
-                slot[c] = start + j
-            pos = np.array([L + tree.depth[c] for c in frontier], dtype=np.int64)
-            t0 = time.perf_counter()
-            logits = self.draft.forward([tree.tokens[c] for c in frontier], self.dcache, pos, mask)
-            self.draft_step_ms.append((time.perf_counter() - t0) * 1e3)
-        return tree
-
-    def _tree_round(self, shape: TreeShape, sp: SamplingParams, rng: np.random.Generator,
-                    stats: GenerationStats) -> tuple[list[int], int, float]:
-        """One tree round: 1. draft a tree, 2. verify every node in one target run with a tree mask,
-        3. walk it (greedy or multi-candidate rejection), 4. keep only the accepted path's KV entries.
-        Same entry invariant as :meth:`_spec_round`. Returns (new tokens, accepted count, draft ms)."""
-        L = len(self.tokens) - 1
-        t0 = time.perf_counter()
-        tree = self._propose_tree(shape, sp, rng)
-        draft_ms = (time.perf_counter() - t0) * 1e3
-        n_nodes = len(tree)
-        mask = np.ones((1, 1, n_nodes + 1, L + n_nodes + 1), dtype=bool)
-        mask[0, 0, :, L:] = tree.ancestors_mask()
-        pos = L + np.array([0] + tree.depth, dtype=np.int64)
-        p = probs(self.target.forward([self.tokens[-1]] + tree.tokens, self.tcache, pos, mask), sp)
-        path, x = verify_tree(tree, p, sp, rng)
-        self._roll_back(L, path, draft_kept=0)
-        leaf = not tree.children.get(path[-1] if path else -1)
-        stats.proposed += n_nodes
-        stats.accepted += len(path)
-        stats.corrections += int(not leaf)
-        stats.bonus += int(leaf)
-        stats.record_position(max(tree.depth, default=0), len(path))
-        return [tree.tokens[i] for i in path] + [x], len(path), draft_ms
-
-    def _round(self, source: str, k: int, candidate: list[int], sp: SamplingParams, rng: np.random.Generator,
-               p_min: float | None, stats: GenerationStats) -> tuple[list[int], int, float, int]:
-        """One target run: a plain step (K = 0), or a proposal from ``source`` (draft chain, tree, or the
-        prompt-lookup ``candidate``) verified by it. Returns (new tokens, accepted proposal tokens, draft ms,
-        the K actually proposed: a chain can stop early, a lookup match can be shorter; a tree's node budget)."""
-        if k == 0 or source == "catchup":
-            stats.plain_steps += 1
-            x = self._plain_step(sp, rng)
-            if source != "catchup" or self.dcache is None:
-                return [x], 0, 0.0, 0
-            # a plain step, then up to K tokens of the draft's lag (a catch-up sized to a latency budget); the
-            # token this step adds stays unfed, so the next proposal still starts with a feed
-            start = self.dcache.length
-            feed = self.tokens[start:min(start + k, len(self.tokens))]
-            t0 = time.perf_counter()
-            if feed:
-                self.draft.forward(feed, self.dcache, keep=1)
-            ms = (time.perf_counter() - t0) * 1e3
-            self.catchup, self.draft_step_ms = (ms, len(feed)), []
-            stats.draft_ms += ms
-            return [x], 0, ms, 0
-        t0 = time.perf_counter()
-        if source == "tree":
-            stats.tree_rounds += 1
-            new, n, draft_ms = self._tree_round(TreeShape.for_budget(k), sp, rng, stats)
-            stats.draft_ms += draft_ms
-            return new, n, draft_ms, k
-        if source == "lookup":
-            drafted, q = candidate[:k], None
-            if not sp.greedy:
-                q = np.zeros((len(drafted), self.width))
-                q[np.arange(len(drafted)), drafted] = 1.0  # one-hot q: accepted with probability p(x)
-            stats.lookup_rounds += 1
-        else:
-            drafted, q = self._propose_draft(k, sp, rng, p_min)
-        draft_ms = (time.perf_counter() - t0) * 1e3
-        stats.draft_ms += draft_ms
-        new, n = self._spec_round(drafted, q, sp, rng, stats)
-        if source == "lookup":
-            stats.lookup_accepted += n
-        return new, n, draft_ms, len(drafted)
+        if feed:
+            self.draft.forward(feed, self.dcache, keep=1)
+        return (time.perf_counter() - t0) * 1e3, len(feed)
 
     # -- generation ------------------------------------------------------------------------------------
 
-    def generate_ids(self, input_ids: list[int], max_new_tokens: int = 256, sampling: SamplingParams = SamplingParams(),
-                     seed: int | None = None, k: int | KPolicy = 4, mode: str = "spec", lookup: bool = False,
-                     stats: GenerationStats | None = None, tree: bool = False,
-                     draft_p_min: float | None = None) -> Iterator[tuple[list[int], int]]:
-        """Yield ``(new token ids, how many of them are accepted proposal tokens)`` per target run.
-
-        ``mode``: ``spec`` (draft model; with ``lookup=True`` prompt lookup first, the draft model when
-        lookup has no match), ``lookup`` (prompt lookup only, no draft model) or ``plain`` (target only).
-        An int ``k`` is a fixed draft length, or with ``tree=True`` a fixed tree node budget; a
-        :class:`KPolicy` (e.g. :class:`~edgespec.adaptive.AdaptiveK`) chooses per round.
-        Stop tokens end generation and are not yielded. ``max_new_tokens`` is never exceeded; K is clamped
-        so that every verified position stays inside the context. ``stats`` (if given) is filled in place.
+    def proposers_for(self, options: GenerationOptions) -> list[Proposer]:
+        """The options' proposers as instances.
 
         Raises:
-            ValueError: empty prompt, prompt not shorter than the context, bad mode/K/max_new_tokens.
+            ValueError: an unknown name, or a proposer that needs the draft on a decoder loaded without it.
         """
-        if mode not in ("spec", "lookup", "plain"):
-            raise ValueError(f"mode must be 'spec', 'lookup' or 'plain', got {mode!r}")
-        if mode == "spec" and self.draft is None:
-            raise ValueError("this decoder was loaded without its draft; use mode='plain' or 'lookup'")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
-        if isinstance(k, int):
-            policy = FixedK(k, draft=mode == "spec", tree=tree)
-        else:
-            policy = k
+        proposers = [resolve(p, options) for p in options.proposers]
+        if self.draft is None and any(p.uses_draft for p in proposers):
+            raise ValueError("this decoder was loaded without its draft; use proposers without a model "
+                             "(e.g. ('lookup',)) or () for plain decoding")
+        return proposers
+
+    def generate_ids(self, input_ids: list[int], options: GenerationOptions | None = None,
+                     policy: KPolicy | None = None,
+                     stats: GenerationStats | None = None) -> Iterator[tuple[list[int], int]]:
+        """Yield ``(new token ids, how many of them are accepted proposal tokens)`` per target run.
+
+        ``policy`` (e.g. :class:`~edgespec.adaptive.AdaptiveK`) plans each round; without one, a fixed K
+        (``options.k``, ``options.n_nodes`` for trees) from the first proposer that can propose. Stop tokens end
+        generation and are not yielded. ``max_new_tokens`` is never exceeded; K is clamped so that every
+        verified position stays inside the context. ``stats`` (if given) is filled in place.
+
+        Raises:
+            ValueError: empty prompt, prompt not shorter than the context, a proposer this decoder cannot run.
+        """
+        o = options or GenerationOptions()
+        proposers = self.proposers_for(o)
         if len(input_ids) == 0:
             raise ValueError("the prompt is empty")
         if len(input_ids) >= self.context_length:
             raise ValueError(f"the prompt is {len(input_ids)} tokens; the context holds {self.context_length}")
         stats = stats if stats is not None else GenerationStats()
-        stats.latency_budget_ms = getattr(policy, "budget", None)
-        use_lookup = mode == "lookup" or lookup
-        if draft_p_min is not None and not 0 <= draft_p_min <= 1:
-            raise ValueError(f"draft_p_min must be in [0, 1], got {draft_p_min}")
-        return self._generate(list(input_ids), max_new_tokens, sampling, seed, policy, mode, use_lookup, stats,
-                              draft_p_min)
+        policy = policy if policy is not None else FixedK(o.k, o.n_nodes)
+        stats.latency_budget_ms = policy.latency_budget_ms
+        drafts = any(p.uses_draft for p in proposers)
+        stats.mode = "spec" if drafts else "+".join(p.name for p in proposers) or "plain"
+        return self._generate(list(input_ids), o, proposers, policy, stats)
 
-    def _generate(self, input_ids, max_new_tokens, sampling, seed, policy, mode, use_lookup, stats, p_min):
-        stats.mode, stats.prompt_tokens = mode, len(input_ids)
-        rng = np.random.default_rng(seed)
+    def _plan(self, policy: KPolicy, proposers: list[Proposer], cap: int, remaining: int) -> RoundPlan:
+        """Ask the policy, then keep the plan feasible: only offered proposers, sizes within ``cap``, a catch-up
+        only where a draft is in use."""
+        if not proposers:
+            return RoundPlan()
+        L = len(self.tokens) - 1
+        lag = L + 1 - self.dcache.length if self.dcache is not None else 0
+        offers = tuple(Offer(p, p.limit(self.tokens, cap)) for p in proposers)
+        plan = policy.choose(Situation(offers, lag, remaining))
+        if plan.proposer is not None and plan.proposer not in proposers:
+            return RoundPlan()  # asked for a source this generation does not use
+        drafting = self.dcache is not None and any(p.uses_draft for p in proposers)
+        return RoundPlan(plan.proposer, max(0, min(plan.k, cap)), max(0, min(plan.n_nodes, cap)),
+                         max(0, plan.catchup_tokens) if drafting else 0)
+
+    def _generate(self, input_ids, o: GenerationOptions, proposers, policy: KPolicy, stats: GenerationStats):
+        stats.prompt_tokens = len(input_ids)
+        sp = o.sampling
+        rng = np.random.default_rng(o.seed)
         t_start = time.perf_counter()
-        new, n_from_proposal = [self._prefill(input_ids, sampling, rng)], 0
+        new, result = [self.prefill(input_ids, sp, rng)], None
         stats.prefill_ms = (time.perf_counter() - t_start) * 1e3
-        begin, end = getattr(policy, "begin", None), getattr(policy, "end", None)
-        on_confidence = getattr(policy, "observe_confidence", None) if mode != "plain" else None
         self._generation = generation = self._generation + 1
-        if begin is not None:
-            begin()
+        policy.begin()
         try:
             while True:
-                room = max_new_tokens - stats.new_tokens
+                room = o.max_new_tokens - stats.new_tokens
                 stop = next((i for i, t in enumerate(new) if t in self.stop_ids), None)
-                if stop is not None and stop < room:
-                    new, stats.stop_reason = new[:stop], "stop_token"
-                    stats.new_tokens += 1  # the stop token was generated, not emitted
-                else:
-                    stop, new = None, new[:room]
-                stats.new_tokens += len(new)
-                yield new, min(n_from_proposal, len(new))
+                if stop is not None and stop >= room:
+                    stop = None
+                used = stop + 1 if stop is not None else min(len(new), room)  # the stop token is generated
+                if result is not None:
+                    stats.record_round(result, used)
+                stats.new_tokens += used
+                emitted = new[:used - (stop is not None)]
+                if stop is not None:
+                    stats.stop_reason = "stop_token"
+                yield emitted, min(result.accepted if result is not None else 0, len(emitted))
                 stats.wall_ms = (time.perf_counter() - t_start) * 1e3
                 if stop is not None:
                     break
-                remaining = max_new_tokens - stats.new_tokens
+                remaining = o.max_new_tokens - stats.new_tokens
                 L = len(self.tokens) - 1
                 if remaining <= 0:
                     stats.stop_reason = "max_new_tokens"
@@ -400,83 +334,32 @@ class SpecDecoder:
                 if L >= self.context_length:
                     stats.stop_reason = "context"
                     break
-                k_cap = min(remaining - 1, self.context_length - 1 - L)  # also caps a tree's node count
-                candidate = ngram_lookup(self.tokens, k_cap) if use_lookup and mode != "plain" else []
-                lag = L + 1 - self.dcache.length if self.dcache is not None else 0
-                source, kk = ("draft", 0) if mode == "plain" else policy.choose(len(candidate), lag, remaining)
-                kk = max(0, kk if source == "catchup" else min(kk, k_cap))
-                if source in ("draft", "tree", "catchup") and (self.draft is None or mode == "lookup"):
-                    source, kk = "draft", 0  # the draft model was asked for where there is none, or lookup only
-                t0 = time.perf_counter()
-                new, n_from_proposal, draft_ms, kk = self._round(source, kk, candidate, sampling, rng, p_min, stats)
-                dt = (time.perf_counter() - t0) * 1e3
-                stats.verify_ms += dt - draft_ms
-                stats.rounds += 1
-                stats.k_per_round.append(kk)
-                stats.round_ms.append(dt)
-                drafted_now = source in ("draft", "tree") and kk > 0
-                step_ms = float(np.median(self.draft_step_ms)) if drafted_now and self.draft_step_ms else None
-                catchup_ms, catchup_tokens = self.catchup if drafted_now or source == "catchup" else (0.0, 0)
-                policy.observe(source, kk, n_from_proposal, step_ms, dt, catchup_ms, catchup_tokens)
-                if on_confidence is not None and kk == 0:  # the target's top-1 probability at temperature 1
-                    z = self.plain_row
-                    on_confidence(float(1.0 / np.exp(z - z.max()).sum()))
-                self.tokens.extend(new)
+                cap = min(remaining - 1, self.context_length - 1 - L)  # also caps a tree's node count
+                result = self.run_round(self._plan(policy, proposers, cap, remaining), sp, rng)
+                policy.observe(result)
+                if result.logits is not None and proposers:  # the target's top-1 probability, temperature 1
+                    policy.observe_confidence(top1_probability(result.logits))
+                new = result.tokens
         finally:  # also when the caller stops iterating early; not for a generation a newer one replaced
-            if end is not None and self._generation == generation:
-                end(stats.new_tokens)
+            if self._generation == generation:
+                policy.end(stats.new_tokens)
         stats.wall_ms = (time.perf_counter() - t_start) * 1e3
 
     def generate(self, prompt: str | None = None, *, messages: list[dict] | None = None,
-                 input_ids: list[int] | None = None, max_new_tokens: int = 256, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0, seed: int | None = None, k: int | KPolicy = 4,
-                 mode: str = "spec", lookup: bool = False, tree: bool = False,
-                 draft_p_min: float | None = None) -> "Generation":
+                 input_ids: list[int] | None = None, options: GenerationOptions | None = None,
+                 policy: KPolicy | None = None, **option_fields) -> Generation:
         """Generate from a raw prompt, chat messages, or token ids; iterate the result for text pieces.
 
-        Returns a :class:`Generation`: iterating it streams text (str), then ``.stats``, ``.text`` and
-        ``.token_ids`` hold the outcome. Raises ValueError for invalid arguments (before any work).
+        ``options`` (default :class:`GenerationOptions`), with any of its fields overridden by keyword (e.g.
+        ``max_new_tokens=64, temperature=0.7, proposers=("lookup", "draft")``); ``policy`` plans each round
+        (default: fixed K). Returns a :class:`Generation`: iterating it streams text (str), then ``.stats``,
+        ``.text`` and ``.token_ids`` hold the outcome.
+
+        Raises:
+            ValueError: invalid arguments (before any work). TypeError: an unknown option name.
         """
-        sp = SamplingParams(temperature, top_k, top_p)
+        o = GenerationOptions.with_fields(options, option_fields) if option_fields else (options or GenerationOptions())
         if input_ids is None:
             input_ids = self.encode(prompt, messages)
-        if isinstance(k, int) and k < 0:
-            raise ValueError(f"k must be ≥ 0, got {k}")
         stats = GenerationStats()
-        it = self.generate_ids(list(input_ids), max_new_tokens, sp, seed, k, mode, lookup, stats, tree, draft_p_min)
-        return Generation(it, self.tokenizer, stats)
-
-
-class Generation:
-    """A running generation: iterate for text pieces; ``chunks()`` also tells which came from the draft."""
-
-    def __init__(self, events: Iterator[tuple[list[int], int]], tokenizer, stats: GenerationStats):
-        self._events = events
-        self._detok = IncrementalDetokenizer(tokenizer)
-        self.stats = stats
-        self.token_ids: list[int] = []
-        self.text = ""
-
-    def chunks(self) -> Iterator[tuple[str, bool]]:
-        """Yield ``(text, from_draft)``: ``from_draft`` marks text of accepted draft tokens."""
-        for ids, n_draft in self._events:
-            for i, t in enumerate(ids):
-                self.token_ids.append(t)
-                piece = self._detok.push([t])
-                if piece:
-                    self.text += piece
-                    yield piece, i < n_draft
-        tail = self._detok.flush()
-        if tail:
-            self.text += tail
-            yield tail, False
-
-    def __iter__(self) -> Iterator[str]:
-        for piece, _ in self.chunks():
-            yield piece
-
-    def run(self) -> "Generation":
-        """Consume the whole generation; returns self."""
-        for _ in self.chunks():
-            pass
-        return self
+        return Generation(self.generate_ids(list(input_ids), o, policy, stats), self.tokenizer, stats)

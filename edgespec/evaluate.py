@@ -13,29 +13,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from .decoder import PREFILL_CHUNK
+from .generation import GenerationOptions
+from .kpolicy import RoundPlan
+from .progress import progress_bar
 from .sampling import SamplingParams, probs
 
 NEAR_TIE_LOGIT_GAP = 0.1  # logits; int4 MatMulNBits N=1 vs N>1 paths differ by ~1e-2 on the real pair
-
-
-class _Recorder:
-    """Wraps a model's forward to keep the last logits row of every call (one per generated token)."""
-
-    def __init__(self, model):
-        self.model, self.rows = model, []
-        self._forward = model.forward
-
-    def __enter__(self):
-        def forward(*a, **k):
-            out = self._forward(*a, **k)
-            self.rows.append(out[-1].copy())
-            return out
-
-        self.model.forward = forward
-        return self
-
-    def __exit__(self, *exc):
-        del self.model.forward
 
 
 def greedy_check(decoder, input_ids: list[int], max_new_tokens: int, k=4) -> dict:
@@ -46,8 +30,7 @@ def greedy_check(decoder, input_ids: list[int], max_new_tokens: int, k=4) -> dic
     lists and the speculative run's stats.
     """
     decoder.reset()
-    with _Recorder(decoder.target) as rec:
-        plain = decoder.generate(input_ids=input_ids, max_new_tokens=max_new_tokens, mode="plain").run()
+    plain = decoder.generate(input_ids=input_ids, max_new_tokens=max_new_tokens, proposers=()).run()
     decoder.reset()
     spec = decoder.generate(input_ids=input_ids, max_new_tokens=max_new_tokens, k=k).run()
     decoder.reset()
@@ -56,12 +39,24 @@ def greedy_check(decoder, input_ids: list[int], max_new_tokens: int, k=4) -> dic
     if div is None and len(a) != len(b):
         div = min(len(a), len(b))
     gap = None
-    if div is not None and div < len(rec.rows):
-        top = np.sort(rec.rows[div])[-2:]
+    if div is not None and div <= len(a):
+        top = np.sort(_plain_row(decoder, input_ids, a[:div]))[-2:]
         gap = float(top[1] - top[0])
     return {"identical": div is None, "first_divergence": div, "plain_gap": gap,
             "near_tie": gap is not None and gap < NEAR_TIE_LOGIT_GAP, "plain_tokens": a, "spec_tokens": b,
             "stats": spec.stats}
+
+
+def _plain_row(decoder, input_ids: list[int], new_ids: list[int]) -> np.ndarray:
+    """The target's logits float32 (V,) after ``input_ids`` + ``new_ids``, computed as plain decoding computes
+    them (the prompt in prefill chunks, then one-token steps), so that a near-tie is measured on the very
+    numbers the plain run compared."""
+    cache = decoder.target.new_cache()
+    for i in range(0, len(input_ids), PREFILL_CHUNK):
+        row = decoder.target.forward(input_ids[i:i + PREFILL_CHUNK], cache, keep=1)[-1]
+    for t in new_ids:
+        row = decoder.target.forward([t], cache)[-1]
+    return row
 
 
 def first_token_check(decoder, input_ids: list[int], sp: SamplingParams, draws: int, k: int = 4,
@@ -75,37 +70,18 @@ def first_token_check(decoder, input_ids: list[int], sp: SamplingParams, draws: 
     decoder.reset()
     p = probs(decoder.target.forward(input_ids, decoder.target.new_cache(), keep=1)[-1], sp)
     counts = np.zeros_like(p)
-    decoder._prefill_state(input_ids)
-    base = decoder.tcache.length
+    proposer = decoder.proposers_for(GenerationOptions(proposers=("tree",) if tree else ("draft",)))[0]
+    plan = RoundPlan(proposer, k=k, n_nodes=k)
+    decoder.prefill(input_ids, sp, np.random.default_rng(seed))
     for s in range(draws):
-        decoder.tokens = list(input_ids)  # back to the state after the prompt (the caches are cropped below)
-        rng = np.random.default_rng(seed + s)
-        if tree:
-            from .tree import TreeShape
-
-            new, _, _ = decoder._tree_round(TreeShape.for_budget(k), sp, rng, _NullStats())
-        else:
-            drafted, q = decoder._propose_draft(k, sp, rng)
-            new, _ = decoder._spec_round(drafted, q, sp, rng, _NullStats())
-        counts[new[0]] += 1
-        decoder.tcache.crop(base)
-        decoder.dcache.crop(base)
+        decoder.rewind_to(len(input_ids))  # back to the state after the prompt: `last` is its final token
+        result = decoder.run_round(plan, sp, np.random.default_rng(seed + s))
+        counts[result.tokens[0]] += 1
     decoder.reset()
     rng = np.random.default_rng(seed)
     noise = [0.5 * np.abs(rng.multinomial(draws, p / p.sum()) / draws - p).sum() for _ in range(20)]
     return {"draws": draws, "tv": float(0.5 * np.abs(counts / draws - p).sum()),
             "tv_noise": float(np.mean(noise)), "support": int((p > 0).sum())}
-
-
-class _NullStats:
-    def __getattr__(self, name):
-        return 0
-
-    def __setattr__(self, name, value):
-        pass
-
-    def record_position(self, k, n):
-        pass
 
 
 def mean_log_likelihood(decoder, input_ids: list[int], new_ids: list[int]) -> float:
@@ -126,13 +102,11 @@ def run_eval(decoder, prompts, max_new_tokens: int = 64, k: int = 4, draws: int 
     The sampling and likelihood checks use the first prompt of two classes, ``chat`` (prose: broad
     distributions) first when present. Returns a JSON-able dict.
     """
-    from tqdm.auto import tqdm
-
     sp = SamplingParams(temperature, top_p=top_p)
     out = {"greedy": [], "sampling": [], "likelihood": {}, "settings": {
         "max_new_tokens": max_new_tokens, "k": k, "draws": draws, "ll_samples": ll_samples,
         "temperature": temperature, "top_p": top_p, "near_tie_logit_gap": NEAR_TIE_LOGIT_GAP}}
-    bar = tqdm(total=len(prompts) + 2 + 2 * ll_samples, desc="eval", disable=not progress)
+    bar = progress_bar(len(prompts) + 2 + 2 * ll_samples, "eval", progress)
     for p in prompts:
         ids = decoder.encode(messages=list(p.messages))
         r = greedy_check(decoder, ids, max_new_tokens, k)
@@ -150,10 +124,10 @@ def run_eval(decoder, prompts, max_new_tokens: int = 64, k: int = 4, draws: int 
     for s in range(ll_samples):
         p = firsts[s % len(firsts)]
         ids = decoder.encode(messages=list(p.messages))
-        for mode in ("spec", "plain"):
+        for mode, proposers in (("spec", ("draft",)), ("plain", ())):
             decoder.reset()
             g = decoder.generate(input_ids=ids, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                 seed=1000 + s, k=k, mode=mode).run()
+                                 seed=1000 + s, k=k, proposers=proposers).run()
             ll[mode].append(mean_log_likelihood(decoder, ids, g.token_ids))
             bar.update()
     bar.close()

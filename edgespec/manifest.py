@@ -17,6 +17,7 @@ from .errors import EdgespecError
 
 MANIFEST_NAME = "edgespec.json"
 FORMAT_VERSION = 1
+GRAPH_FORMAT = 3  # newest graph format this runtime reads (GraphSpec.graph_format)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,14 @@ class GraphSpec:
     Outputs: ``logits`` float32 (B, T, vocab_size); ``present.{i}.key|value`` float32 (B, kv_heads, P+T, head_dim).
     Optional input (graph format 2, an overridable initializer, so not in ``input_names``): ``logits_keep``
     int64 (1,) = N > 0 computes ``logits`` for the last N rows only, float32 (B, N, vocab_size); 0 = all.
+
+    ``graph_format`` 3 (absent = 2) changes only the KV cache: ``past_key_values.{i}.key|value`` are float32
+    (B, kv_heads, C, head_dim) buffers of a capacity C ≥ P+T whose first P rows are the past (later rows are
+    ignored), and ``present.{i}.key|value`` have the same shape C: the past rows unchanged and the T new rows
+    written at P..P+T-1. P is read from the mask (P = its last dimension − T). Bound to the same memory
+    (IO binding), past and present are one buffer that the graph updates in place. Attention is onnxruntime's
+    ``com.microsoft.GroupQueryAttention`` (CPU kernel with ``position_ids`` and ``attention_bias``;
+    tested on onnxruntime 1.32); the mask must be causal-compatible (each query sees no later slot).
     """
 
     path: str
@@ -59,6 +68,7 @@ class GraphSpec:
     output_names: tuple[str, ...]
     validation: dict[str, Any] = field(default_factory=dict)
     kept_token_ids: str | None = None  # .npy of int64 ids when the lm_head is pruned (draft only)
+    graph_format: int = 2  # 1–2: traced graph, KV concatenated per step; 3: shared KV buffer, fused attention
 
     def past_names(self) -> list[tuple[str, str]]:
         """``[(key_name, value_name)]`` per layer, in layer order."""
@@ -148,7 +158,7 @@ _GRAPH = {"path": ("str", True), "architecture": ("str", True), "num_layers": ("
           "num_kv_heads": ("pos", True), "head_dim": ("pos", True), "vocab_size": ("pos", True),
           "context_length": ("pos", True), "quantization": ("object", True), "source": ("str", True),
           "source_sha256": ("str", True), "input_names": ("names", True), "output_names": ("names", True),
-          "validation": ("object", False), "kept_token_ids": ("str?", False)}
+          "validation": ("object", False), "kept_token_ids": ("str?", False), "graph_format": ("pos", False)}
 _SPECIAL = {"bos": ("token?", True), "eos": ("token", True), "pad": ("token?", True), "stop": ("tokens", True)}
 _MANIFEST = {"name": ("str", True), "target": ("object", True), "draft": ("object", True), "tokenizer": ("str", True),
              "chat_template": ("str?", True), "special_tokens": ("object", True), "tokenizer_sha256": ("str", True),
@@ -162,6 +172,9 @@ def _graph(d: Any, role: str) -> GraphSpec:
     d["quantization"] = Quantization(**_fields(d["quantization"], f"{role}.quantization", _QUANTIZATION))
     d["input_names"] = tuple(d["input_names"])
     d["output_names"] = tuple(d["output_names"])
+    if d.get("graph_format", 2) > GRAPH_FORMAT:
+        raise _Invalid(f"{role}.graph_format is {d['graph_format']}; this edgespec reads graph formats up to "
+                       f"{GRAPH_FORMAT} (update edgespec or export again)")
     return GraphSpec(**d)
 
 

@@ -42,7 +42,10 @@ def provider_name(provider: str) -> str:
 
 
 class KVCache:
-    """Per-layer past keys and values, float32 (1, kv_heads, length, head_dim) each."""
+    """Per-layer past keys and values, float32 (1, kv_heads, length, head_dim) each (graph formats 1–2).
+
+    Every forward returns new ``present`` tensors (past and the new rows concatenated by the graph).
+    """
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int):
         empty = np.zeros((1, num_kv_heads, 0, head_dim), dtype=np.float32)
@@ -68,6 +71,80 @@ class KVCache:
         self.tensors = [np.take(t, idx, axis=2) for t in self.tensors]
 
 
+class SharedKVCache:
+    """Graph format 3: one preallocated buffer per layer and kind, float32 (1, kv_heads, capacity, head_dim).
+
+    The graph reads the past from and writes the new rows into the same buffer (bound through IO binding to
+    both ``past_key_values.{i}.*`` and ``present.{i}.*``), so a step copies only its own T rows and the cache
+    is its ``length``: :meth:`crop` to a prefix is a length change. Rows past ``length`` are stale and never
+    read. The buffer grows by doubling (one copy) when a step would pass ``capacity``, up to ``max_length``.
+    """
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int, max_length: int):
+        self.max_length = max_length
+        self.length = 0
+        self._shape = (1, num_kv_heads, head_dim)
+        self._alloc(min(capacity, max_length), 2 * num_layers)
+
+    def _alloc(self, capacity: int, n: int, old: list[np.ndarray] | None = None) -> None:
+        b, kv, hd = self._shape
+        self.buffers = [np.zeros((b, kv, capacity, hd), dtype=np.float32) for _ in range(n)]
+        if old is not None:
+            for new, prev in zip(self.buffers, old):
+                new[:, :, :self.length] = prev[:, :, :self.length]
+        self.values = [ort.OrtValue.ortvalue_from_numpy(buf) for buf in self.buffers]  # share the numpy memory
+        self.bindings: dict[int, ort.IOBinding] = {}  # per session, with the buffers bound as past and present
+
+    @property
+    def capacity(self) -> int:
+        return self.buffers[0].shape[2]
+
+    @property
+    def tensors(self) -> list[np.ndarray]:
+        """Views (no copy) of the valid rows, float32 (1, kv_heads, length, head_dim) per layer and kind."""
+        return [buf[:, :, :self.length] for buf in self.buffers]
+
+    def reserve(self, total: int) -> None:
+        """Make room for ``total`` positions (grow by doubling, one copy).
+
+        Raises:
+            EdgespecError: ``total`` is beyond the model's context length.
+        """
+        if total > self.max_length:
+            raise EdgespecError(f"context of {total} tokens is longer than the model's {self.max_length}")
+        if total > self.capacity:
+            cap = self.capacity
+            while cap < total:
+                cap *= 2
+            self._alloc(min(cap, self.max_length), len(self.buffers), self.buffers)
+
+    def crop(self, n: int, keep=()) -> None:
+        """Keep positions 0..n-1, then the positions in ``keep`` (each ≥ n, in that order).
+
+        A contiguous ``keep`` is a length change; a scattered one (a tree's accepted path) moves just those
+        rows down to n.. inside the buffer.
+        """
+        keep = list(keep)
+        if keep != list(range(n, n + len(keep))):
+            idx = np.asarray(keep, dtype=np.int64)
+            for buf in self.buffers:
+                buf[:, :, n:n + len(keep)] = buf[:, :, idx]  # fancy indexing copies first: overlap is safe
+        self.length = min(self.length, n + len(keep))
+
+    def load(self, tensors: list[np.ndarray]) -> None:
+        """Replace the contents with ``tensors`` float32 (1, kv_heads, P, head_dim) per layer and kind."""
+        p = tensors[0].shape[2]
+        self.length = 0
+        self.reserve(p)
+        for buf, t in zip(self.buffers, tensors):
+            buf[:, :, :p] = t
+        self.length = p
+
+
+CACHE_CAPACITY = 4096  # initial positions of a format-3 cache buffer; it doubles on demand up to the context
+_ALL_ROWS = np.zeros(1, dtype=np.int64)  # logits_keep = 0: every row
+
+
 def causal_mask(past: int, new: int) -> np.ndarray:
     """bool (1, 1, T, P+T): each new query sees all past keys and the new keys up to itself."""
     m = np.ones((new, past + new), dtype=bool)
@@ -76,6 +153,11 @@ def causal_mask(past: int, new: int) -> np.ndarray:
 
 
 _POOL_THREADS = 0  # size of the process-wide intra-op pool once enabled
+
+
+def pool_threads() -> int:
+    """Threads of the process-wide intra-op pool, 0 while per-session pools are used."""
+    return _POOL_THREADS
 
 
 def use_shared_thread_pool(threads: int | None = None) -> bool:
@@ -122,26 +204,48 @@ class OnnxLM:
     """
 
     def __init__(self, spec: GraphSpec, export_dir: str | Path, provider: str = "cpu", threads: int | None = None):
-        self.spec = spec
-        self.export_dir = Path(export_dir)
         so = session_options(threads)
-        path = self.export_dir / spec.path
+        path = Path(export_dir) / spec.path
         try:
-            self.session = ort.InferenceSession(str(path), so, providers=[provider_name(provider)])
+            session = ort.InferenceSession(str(path), so, providers=[provider_name(provider)])
         except EdgespecError:
             raise
         except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph types
             raise EdgespecError(f"{path}: onnxruntime cannot load this graph ({str(e).splitlines()[0]})") from None
+        self._setup(spec, session)
+        self.export_dir = Path(export_dir)
+
+    @classmethod
+    def from_session(cls, spec: GraphSpec, session: ort.InferenceSession) -> "OnnxLM":
+        """Wrap an already open session (the exporter's validation) described by ``spec``."""
+        lm = cls.__new__(cls)
+        lm._setup(spec, session)
+        return lm
+
+    def _setup(self, spec: GraphSpec, session: ort.InferenceSession) -> None:
+        self.spec = spec
+        self.session = session
         self._past = [n for pair in spec.past_names() for n in pair]
         self._outputs = ["logits"] + [f"present.{i}.{kind}" for i in range(spec.num_layers)
                                       for kind in ("key", "value")]
         # exports since graph format 2 can compute the head for the last rows only (see forward's ``keep``)
-        self.has_logits_keep = any(i.name == "logits_keep" for i in self.session.get_overridable_initializers())
+        self.has_logits_keep = any(i.name == "logits_keep" for i in session.get_overridable_initializers()
+                                   + session.get_inputs())  # format 3: a required input
+        self.in_place = spec.graph_format >= 3
+        self._logits_at = 2 * spec.num_layers  # IO binding lists outputs in binding order: presents, then logits
+        if self.in_place and session.get_modelmeta().custom_metadata_map.get("edgespec.graph_format") != "3":
+            raise EdgespecError(f"{spec.path}: the manifest says graph format 3 but the graph is not a format-3 "
+                                "graph (export again)")
 
-    def new_cache(self) -> KVCache:
+    def new_cache(self, capacity: int | None = None) -> KVCache | SharedKVCache:
+        """An empty cache for this graph: a :class:`SharedKVCache` of ``capacity`` positions (default
+        :data:`CACHE_CAPACITY`, grown on demand) for graph format 3, else a :class:`KVCache`."""
+        if self.in_place:
+            return SharedKVCache(self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim,
+                                 capacity or CACHE_CAPACITY, self.spec.context_length)
         return KVCache(self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim)
 
-    def forward(self, ids, cache: KVCache, position_ids: np.ndarray | None = None,
+    def forward(self, ids, cache: KVCache | SharedKVCache, position_ids: np.ndarray | None = None,
                 mask: np.ndarray | None = None, keep: int = 0) -> np.ndarray:
         """Run ``ids`` int64 (T,) after the cached positions; appends T positions to ``cache``.
 
@@ -156,9 +260,32 @@ class OnnxLM:
             position_ids = np.arange(p, p + t, dtype=np.int64)
         feeds = {"input_ids": ids[None], "position_ids": np.asarray(position_ids, dtype=np.int64)[None],
                  "attention_mask": causal_mask(p, t) if mask is None else mask}
-        feeds.update(zip(self._past, cache.tensors))
         if keep > 0 and self.has_logits_keep:
             feeds["logits_keep"] = np.array([keep], dtype=np.int64)
-        out = self.session.run(self._outputs, feeds)
-        cache.tensors = out[1:]
-        return out[0][0][-keep:] if keep > 0 else out[0][0]
+        if self.in_place:
+            logits = self._run_in_place(feeds, cache, p + t)
+        else:
+            feeds.update(zip(self._past, cache.tensors))
+            out = self.session.run(self._outputs, feeds)
+            cache.tensors = out[1:]
+            logits = out[0]
+        return logits[0][-keep:] if keep > 0 else logits[0]
+
+    def _run_in_place(self, feeds: dict, cache: SharedKVCache, total: int) -> np.ndarray:
+        """One run with IO binding: the cache buffers are both past and present; only ``logits`` is new."""
+        cache.reserve(total)
+        io = cache.bindings.get(id(self.session))
+        if io is None:
+            io = cache.bindings[id(self.session)] = self.session.io_binding()
+            for name, value in zip(self._past, cache.values):
+                io.bind_ortvalue_input(name, value)
+            for name, value in zip(self._outputs[1:], cache.values):
+                io.bind_ortvalue_output(name, value)
+        io.bind_output("logits", "cpu")  # rebound each run: onnxruntime allocates it at this run's shape
+        for name, value in feeds.items():
+            io.bind_cpu_input(name, value)
+        if "logits_keep" not in feeds and self.has_logits_keep:
+            io.bind_cpu_input("logits_keep", _ALL_ROWS)
+        self.session.run_with_iobinding(io)
+        cache.length = total
+        return io.get_outputs()[self._logits_at].numpy()

@@ -98,9 +98,45 @@ def sample(dist: np.ndarray, rng: np.random.Generator) -> int:
     return min(i, int(np.flatnonzero(dist)[-1]))  # rounding at the top end never lands on a zero-mass id
 
 
+def accept_candidates(p: np.ndarray, q: np.ndarray, candidates, rng: np.random.Generator) -> tuple[int | None, np.ndarray]:
+    """The acceptance rule at one node: the one place edgespec decides whether a proposed token stays.
+
+    Candidates ``x_1..x_m`` were drawn from ``q`` without replacement (m = 1 for a chain). Each is accepted with
+    probability ``min(1, p(x)/q(x))`` (Leviathan et al. 2023, Algorithm 1); after a rejection
+    ``p ← norm(max(0, p − q))`` and ``q ← norm(q with x removed)`` (SpecInfer, Miao et al. 2024, multi-step
+    speculative sampling, in the without-replacement form of Sequoia, Chen et al. 2024).
+
+    Args:
+        p: float (V,) the target's processed distribution at the node.
+        q: float (V,) the draft's distribution the candidates were drawn from (one-hot for a fixed proposal).
+        candidates: token ids in draw order.
+        rng: decides acceptance (one draw per evaluated candidate with q(x) > 0).
+
+    Returns:
+        ``(j, p)``: the index of the accepted candidate and ``p`` unchanged, or ``(None, residual)`` with the
+        distribution float (V,) to sample the correction from when every candidate was rejected.
+    """
+    last = len(candidates) - 1
+    for j, x in enumerate(candidates):
+        if q[x] > 0 and rng.random() * q[x] < p[x]:  # u < p/q without dividing
+            return j, p
+        r = np.maximum(p - q, 0.0)
+        s = r.sum()
+        p = r / s if s > 0 else p  # p ≤ q everywhere means p == q: cannot reject; guard rounding
+        if j == last:
+            break
+        q = q.copy()
+        q[x] = 0.0
+        if q.sum() <= 0:
+            break
+        q /= q.sum()
+    return None, p
+
+
 def accept_reject(draft_tokens: np.ndarray, q: np.ndarray, p: np.ndarray,
                   rng: np.random.Generator) -> tuple[int, int]:
-    """Leviathan et al. 2023, Algorithm 1 (steps after the draft and the parallel target run).
+    """Leviathan et al. 2023, Algorithm 1 (steps after the draft and the parallel target run): the chain
+    specialisation of :func:`verify_tree`, one :func:`accept_candidates` per position.
 
     Args:
         draft_tokens: int64 (K,) proposed ids, ``draft_tokens[i] ~ q[i]``.
@@ -114,15 +150,47 @@ def accept_reject(draft_tokens: np.ndarray, q: np.ndarray, p: np.ndarray,
     """
     k = len(draft_tokens)
     for i in range(k):
-        x = int(draft_tokens[i])
-        px, qx = p[i, x], q[i, x]
-        if qx > 0 and rng.random() * qx < px:  # u < p/q without dividing
-            continue
-        residual = np.maximum(p[i] - q[i], 0.0)
-        if residual.sum() <= 0:  # p ≤ q everywhere means p == q: cannot reject; guard rounding
-            residual = p[i]
-        return i, sample(residual, rng)
+        j, residual = accept_candidates(p[i], q[i], [int(draft_tokens[i])], rng)
+        if j is None:
+            return i, sample(residual, rng)
     return k, sample(p[k], rng)
+
+
+def verify_tree(tree, p_rows: np.ndarray, sp: SamplingParams, rng: np.random.Generator) -> tuple[list[int], int]:
+    """Walk a token tree (:class:`~edgespec.tree.TokenTree`: ``tokens``, ``children``, ``q``) against the
+    target; p_rows float (N+1, V): row 0 for the root (``last``), row i+1 for node i.
+
+    Greedy: follow the child that is the target's argmax. Sampling: :func:`accept_candidates` at each node over
+    its children in draw order; a node without children, or whose children are all rejected, samples from
+    (the residual) p. The emitted tokens follow the target distribution exactly.
+
+    Returns (accepted node indices from the root down, the next token: correction or bonus).
+    """
+    node = -1
+    path: list[int] = []
+    while True:
+        p = p_rows[node + 1]
+        kids = tree.children.get(node, [])
+        if not kids:
+            return path, sample(p, rng)
+        if sp.greedy:
+            best = int(np.argmax(p))
+            nxt = next((c for c in kids if tree.tokens[c] == best), None)
+            if nxt is None:
+                return path, best
+        else:
+            j, p = accept_candidates(p, tree.q[node], [tree.tokens[c] for c in kids], rng)
+            if j is None:
+                return path, sample(p, rng)
+            nxt = kids[j]
+        path.append(nxt)
+        node = nxt
+
+
+def top1_probability(logits: np.ndarray) -> float:
+    """The largest probability of softmax(logits) at temperature 1, in [0, 1]; logits float (V,)."""
+    z = np.asarray(logits, dtype=np.float64)
+    return float(1.0 / np.exp(z - z.max()).sum())
 
 
 def greedy_accept(draft_tokens: np.ndarray, target_logits: np.ndarray) -> tuple[int, int]:

@@ -1,8 +1,21 @@
-"""Generation statistics: returned, never printed."""
+"""Generation statistics: returned, never printed (:func:`format_stats` makes the one-line summary the CLI
+prints)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class ProposerStats:
+    """Counters of one proposer over a generation: rounds, tokens proposed and accepted, and the time spent
+    proposing (``draft_ms``) and in its whole rounds (``round_ms``), in ms."""
+
+    rounds: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    draft_ms: float = 0.0
+    round_ms: float = 0.0
 
 
 @dataclass
@@ -13,7 +26,9 @@ class GenerationStats:
     evaluated); ``rounds = len(k_per_round)``; ``sum(accepted_per_position) ==
     accepted``; every spec round ends with exactly one correction or one bonus token, and every plain
     step (K = 0) with one target token; so ``new_tokens ≤ 1 + accepted + corrections + bonus + plain_steps``
-    (less when a stop token or ``max_new_tokens`` cuts a round short).
+    (less when a stop token or ``max_new_tokens`` cuts a round short). A round cut short counts only what it
+    emitted (the stop token included): the proposal positions up to the cut, the accepted tokens among them,
+    and its correction or bonus token only if that was emitted. ``proposers`` holds per-proposer counters.
     """
 
     mode: str = "spec"
@@ -25,9 +40,7 @@ class GenerationStats:
     corrections: int = 0
     bonus: int = 0
     plain_steps: int = 0
-    lookup_rounds: int = 0
-    tree_rounds: int = 0
-    lookup_accepted: int = 0
+    proposers: dict[str, ProposerStats] = field(default_factory=dict)
     accepted_per_position: list[int] = field(default_factory=list)
     proposed_per_position: list[int] = field(default_factory=list)
     k_per_round: list[int] = field(default_factory=list)
@@ -50,6 +63,35 @@ class GenerationStats:
         if self.latency_budget_ms is not None:
             out["share_rounds_over_budget"] = float(np.mean(np.array(self.round_ms) > self.latency_budget_ms))
         return out
+
+    def record_round(self, r, emitted: int) -> None:
+        """Count a finished round (:class:`~edgespec.kpolicy.RoundResult`) of which the first ``emitted`` tokens
+        were used (fewer than ``len(r.tokens)`` when a stop token or ``max_new_tokens`` cut it)."""
+        self.rounds += 1
+        self.round_ms.append(r.round_ms)
+        self.draft_ms += r.draft_ms
+        self.verify_ms += r.round_ms - r.draft_ms
+        if r.proposer is None:
+            self.plain_steps += 1
+            self.k_per_round.append(0)
+            return
+        cut = emitted < len(r.tokens)  # then inside the accepted tokens: positions past the cut never counted
+        accepted = min(r.accepted, emitted)
+        proposed = sum(d <= emitted for d in r.depths) if cut else len(r.depths)
+        depth = min(max(r.depths), emitted) if cut else max(r.depths)
+        self.proposed += proposed
+        self.accepted += accepted
+        self.k_per_round.append(proposed)
+        if not cut:  # the round's last token (correction or bonus) was emitted
+            self.bonus += int(r.bonus)
+            self.corrections += int(not r.bonus)
+        self.record_position(depth, accepted)
+        ps = self.proposers.setdefault(r.proposer.name, ProposerStats())
+        ps.rounds += 1
+        ps.proposed += proposed
+        ps.accepted += accepted
+        ps.draft_ms += r.draft_ms
+        ps.round_ms += r.round_ms
 
     def record_position(self, k: int, n: int) -> None:
         """Count a round that proposed ``k`` and accepted the first ``n`` draft tokens."""
@@ -99,3 +141,17 @@ class GenerationStats:
                  mean_accepted_length=self.mean_accepted_length,
                  tokens_per_s=self.tokens_per_s, decode_tokens_per_s=self.decode_tokens_per_s)
         return d
+
+
+def format_stats(s: GenerationStats) -> str:
+    """One line: tokens, tok/s, alpha, mean accepted length, K, timings."""
+    line = f"[{s.new_tokens} tokens, {s.tokens_per_s:.2f} tok/s, prefill {s.prefill_ms:.0f} ms"
+    if s.mode != "plain":
+        ks = s.k_per_round
+        line += (f", alpha {s.alpha:.2f}, {s.mean_accepted_length:.2f} tokens/round, "
+                 f"mean K {sum(ks) / max(len(ks), 1):.1f}, draft {s.draft_ms:.0f} ms, verify {s.verify_ms:.0f} ms")
+    if s.latency_budget_ms is not None and s.round_ms:
+        r = s.round_latency()
+        line += (f", rounds p50/p95 {r['round_p50_ms']:.0f}/{r['round_p95_ms']:.0f} ms vs budget "
+                 f"{s.latency_budget_ms:g} ms ({100 * r['share_rounds_over_budget']:.0f}% over)")
+    return line + "]"

@@ -12,7 +12,8 @@ children are drawn from q without replacement and checked in order with the mult
 SpecInfer (Miao et al. 2024, multi-step speculative sampling) in its without-replacement form (Sequoia, Chen
 et al. 2024): accept child x with probability min(1, p(x)/q(x)); on rejection p ← norm(max(0, p − q)) and
 q ← norm(q with x removed); when no child is accepted, sample from the final p. A node without children
-samples from p. The emitted tokens follow the target distribution exactly.
+samples from p. The emitted tokens follow the target distribution exactly. The walk is
+:func:`edgespec.sampling.verify_tree`; growing a tree with the draft is :class:`edgespec.proposers.DraftTree`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .sampling import SamplingParams, sample
+from .sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,22 @@ class TokenTree:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    @classmethod
+    def chain(cls, tokens, q_rows=None) -> "TokenTree":
+        """A chain: node i is ``tokens[i]`` with parent i − 1; ``q_rows`` float (K, V) (or a list of K rows)
+        are the distributions each token was drawn from (None: a fixed proposal, one-hot q)."""
+        t = cls()
+        for i, x in enumerate(tokens):
+            t.add(i - 1, x)
+        if q_rows is not None:
+            t.q = {i - 1: row for i, row in enumerate(q_rows)}
+        return t
+
+    @property
+    def is_chain(self) -> bool:
+        """Whether every node's parent is the node before it."""
+        return all(par == i - 1 for i, par in enumerate(self.parents))
+
     def add(self, parent: int, token: int) -> int:
         self.tokens.append(int(token))
         self.parents.append(parent)
@@ -88,40 +105,3 @@ def pick_children(q: np.ndarray, m: int, sp: SamplingParams, rng: np.random.Gene
     support = np.flatnonzero(q > 0)
     keys = np.log(q[support]) + rng.gumbel(size=len(support))
     return [int(support[i]) for i in np.argsort(-keys)[:m]]
-
-
-def verify_tree(tree: TokenTree, p_rows: np.ndarray, sp: SamplingParams,
-                rng: np.random.Generator) -> tuple[list[int], int]:
-    """Walk the tree against the target: p_rows float (N+1, V), row 0 for the root, row i+1 for node i.
-
-    Returns (accepted node indices from the root down, the next token: correction or bonus).
-    """
-    node = -1
-    path: list[int] = []
-    while True:
-        p = p_rows[node + 1]
-        kids = tree.children.get(node, [])
-        if not kids:
-            return path, sample(p, rng)
-        if sp.greedy:
-            best = int(np.argmax(p))
-            nxt = next((c for c in kids if tree.tokens[c] == best), None)
-            if nxt is None:
-                return path, best
-        else:
-            p, q, nxt = p.copy(), tree.q[node].copy(), None
-            for c in kids:
-                x = tree.tokens[c]
-                if q[x] > 0 and rng.random() * q[x] < p[x]:
-                    nxt = c
-                    break
-                r = np.maximum(p - q, 0.0)
-                p = r / r.sum() if r.sum() > 0 else p
-                q[x] = 0.0
-                if q.sum() <= 0:
-                    break
-                q /= q.sum()
-            if nxt is None:
-                return path, sample(p, rng)
-        path.append(nxt)
-        node = nxt

@@ -31,7 +31,11 @@ from .load import ModelInfo, check_pair, describe, load_weights
 from .quantize import PRECISIONS, quantize
 from .sources import Source, resolve_model, resolve_recipe_model
 
-GRAPH_FORMAT = 2  # 2: optional logits_keep input. Bump when the traced graph changes, to invalidate cached graphs
+# graph formats: 2 = traced graph with the optional logits_keep input (KV concatenated per step); 3 = written
+# graph with a shared in-place KV buffer and fused GroupQueryAttention (export/gqa_graph.py). A format's
+# number is part of the graph cache key: bump it when that graph changes, to invalidate cached graphs.
+GRAPH_FORMATS = (2, 3)
+DEFAULT_GRAPH_FORMAT = 2
 QUANT_POSITIONS = 256
 
 
@@ -44,8 +48,12 @@ class ExportOptions:
     accuracy_level: int = 4
     lm_head_bits: int | None = None
     vocab_size: int | None = None  # prune the lm_head to this many frequent ids (FR-Spec; draft only)
+    graph_format: int = DEFAULT_GRAPH_FORMAT
 
     def __post_init__(self):
+        if self.graph_format not in GRAPH_FORMATS:
+            raise EdgespecError(f"graph format must be one of {', '.join(map(str, GRAPH_FORMATS))}, "
+                                f"not {self.graph_format}")
         if self.precision not in PRECISIONS:
             raise EdgespecError(f"precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}")
         if self.block_size not in (16, 32, 64, 128, 256):
@@ -98,12 +106,14 @@ def _cache_key(source: Source, opts: ExportOptions) -> str:
     o = asdict(opts)
     if o["vocab_size"] is None:  # absent when unset, so graphs cached before the option existed stay valid
         del o["vocab_size"]
-    blob = json.dumps({"sha": source.sha256, "opts": o, "graph": GRAPH_FORMAT}, sort_keys=True)
+    graph = o.pop("graph_format")
+    blob = json.dumps({"sha": source.sha256, "opts": o, "graph": graph}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
 def build_graph(info: ModelInfo, opts: ExportOptions, role: str) -> tuple[Path, dict]:
     """The cached graph directory for ``info`` and ``opts`` (built if absent) and its metadata dict."""
+    from .gqa_graph import export_format3
     from .onnx_graph import export_onnx, kv_shape
     from .validate import FP32_TOLERANCE, validate_fp32, validate_quantized, validation_ids
 
@@ -120,7 +130,7 @@ def build_graph(info: ModelInfo, opts: ExportOptions, role: str) -> tuple[Path, 
             model = load_weights(info, role)
             bar.set_description(f"{role}: export ONNX"); bar.update()
             fp32 = tmp / "fp32.onnx"
-            ins, outs = export_onnx(model, fp32)
+            ins, outs = (export_format3 if opts.graph_format == 3 else export_onnx)(model, fp32)
             bar.set_description(f"{role}: validate fp32"); bar.update()
             layers, kv, hd = kv_shape(model.config)
             ids = validation_ids(info.tokenizer, QUANT_POSITIONS, info.logits_width)
@@ -159,7 +169,7 @@ def build_graph(info: ModelInfo, opts: ExportOptions, role: str) -> tuple[Path, 
                                                 opts.accuracy_level if opts.precision == "int4" else None,
                                                 opts.lm_head_bits or {"int4": 4, "int8": 8}.get(opts.precision, 32))),
             "source": info.source.ref, "source_sha256": info.source.sha256,
-            "input_names": ins, "output_names": outs, "validation": val,
+            "input_names": ins, "output_names": outs, "validation": val, "graph_format": opts.graph_format,
             "build_seconds": round(time.perf_counter() - t0, 1),
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))

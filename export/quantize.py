@@ -70,7 +70,8 @@ def quantize(fp32_path: Path, out_path: Path, precision: str, block_size: int = 
         del model
         quantize_dynamic(str(src), str(out_path), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
                          nodes_to_exclude=exclude, use_external_data_format=True,
-                         extra_options={"MatMulConstBOnly": True})
+                         extra_options={"MatMulConstBOnly": True,
+                                        "DefaultTensorType": onnx.TensorProto.FLOAT})  # format 3: contrib ops stop shape inference
     # quantize_dynamic names the external data file itself; normalise to <model>.onnx.data
     m = onnx.load(str(out_path), load_external_data=True)
     for f in out_path.parent.iterdir():

@@ -42,19 +42,31 @@ def _mask(past: int, new: int) -> np.ndarray:
     return m[None, None]
 
 
+def _lm(sess: ort.InferenceSession, layers: int, kv: int, head_dim: int, context: int):
+    """An :class:`edgespec.onnx_model.OnnxLM` around an open session, for a graph of either format."""
+    from edgespec.manifest import GraphSpec, Quantization
+    from edgespec.onnx_model import OnnxLM
+
+    fmt = int(sess.get_modelmeta().custom_metadata_map.get("edgespec.graph_format", 2))
+    spec = GraphSpec(path="", architecture="", num_layers=layers, num_kv_heads=kv, head_dim=head_dim,
+                     vocab_size=1, context_length=context, quantization=Quantization("fp32"), source="",
+                     source_sha256="", input_names=(), output_names=(), graph_format=fmt)
+    return OnnxLM.from_session(spec, sess)
+
+
 def run_onnx(sess: ort.InferenceSession, ids: np.ndarray, past: list[np.ndarray], layers: int, kv: int,
              head_dim: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    """One causal forward of ``ids`` int64 (T,) after ``past``; returns logits (T, V) and present tensors."""
-    p = past[0].shape[2] if past else 0
-    t = len(ids)
-    feeds = {"input_ids": ids[None], "position_ids": np.arange(p, p + t, dtype=np.int64)[None],
-             "attention_mask": _mask(p, t)}
-    for i in range(layers):
-        for j, kind in enumerate(("key", "value")):
-            feeds[f"past_key_values.{i}.{kind}"] = (past[2 * i + j] if past else
-                                                    np.zeros((1, kv, 0, head_dim), np.float32))
-    out = sess.run(None, feeds)
-    return out[0][0], out[1:]
+    """One causal forward of ``ids`` int64 (T,) after ``past``; returns logits (T, V) and present tensors
+    float32 (1, kv, P+T, head_dim) (copies, whatever the graph format)."""
+    lm = _lm(sess, layers, kv, head_dim, 1 << 16)
+    cache = lm.new_cache(max(len(ids) + (past[0].shape[2] if past else 0), 16))
+    if past:
+        if lm.in_place:
+            cache.load(past)
+        else:
+            cache.tensors = list(past)
+    logits = lm.forward(ids, cache)
+    return logits, [np.array(t) for t in cache.tensors]
 
 
 def validate_fp32(model, onnx_path: Path, ids: np.ndarray, split: int = 8, step: int = 4) -> dict:

@@ -68,21 +68,33 @@ def tiny_dirs(tmp_path_factory):
     }
 
 
-@pytest.fixture(scope="session")
-def tiny_export(home, tiny_dirs, tmp_path_factory):
-    """fp32 export of the tiny qwen2 target with the tiny qwen2 draft."""
+def _pair(tmp_path_factory, tiny_dirs, name: str, draft: str, graph_format: int | None):
     from edgespec_export import ExportOptions, export_pair
 
-    out = tmp_path_factory.mktemp("exports") / "pair"
-    fp32 = ExportOptions(precision="fp32")
-    return export_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), out, fp32, fp32)
+    out = tmp_path_factory.mktemp("exports") / name
+    fp32 = ExportOptions(precision="fp32", **({} if graph_format is None else {"graph_format": graph_format}))
+    return export_pair(str(tiny_dirs["target"]), str(tiny_dirs[draft]), out, fp32, fp32)
+
+
+@pytest.fixture(scope="session")
+def tiny_export(home, tiny_dirs, tmp_path_factory):
+    """fp32 export of the tiny qwen2 target with the tiny qwen2 draft (the exporter's default graph format)."""
+    return _pair(tmp_path_factory, tiny_dirs, "pair", "draft", None)
 
 
 @pytest.fixture(scope="session")
 def tiny_self_export(home, tiny_dirs, tmp_path_factory):
     """The tiny target as its own draft (same graph): every draft token must be accepted."""
-    from edgespec_export import ExportOptions, export_pair
+    return _pair(tmp_path_factory, tiny_dirs, "self", "target", None)
 
-    out = tmp_path_factory.mktemp("exports") / "self"
-    fp32 = ExportOptions(precision="fp32")
-    return export_pair(str(tiny_dirs["target"]), str(tiny_dirs["target"]), out, fp32, fp32)
+
+@pytest.fixture(scope="session", params=[2, 3], ids=["format2", "format3"])
+def export_each_format(request, home, tiny_dirs, tmp_path_factory):
+    """:func:`tiny_export` in each graph format: 2 (traced, KV concatenated) and 3 (in-place KV, fused GQA)."""
+    return _pair(tmp_path_factory, tiny_dirs, f"pair{request.param}", "draft", request.param)
+
+
+@pytest.fixture(scope="session", params=[2, 3], ids=["format2", "format3"])
+def self_export_each_format(request, home, tiny_dirs, tmp_path_factory):
+    """:func:`tiny_self_export` in each graph format."""
+    return _pair(tmp_path_factory, tiny_dirs, f"self{request.param}", "target", request.param)

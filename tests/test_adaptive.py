@@ -5,15 +5,35 @@ import pytest
 
 from edgespec.adaptive import AdaptiveK, CostModel, expected_tokens
 from edgespec.decoder import SpecDecoder
+from edgespec.kpolicy import Offer, RoundPlan, RoundResult, Situation
 from edgespec.lookup import ngram_lookup
+from edgespec.proposers import PROPOSERS
 from edgespec.sampling import SamplingParams, accept_reject, probs, sample
 
 LINEAR = [100.0 + 10.0 * (n - 1) for n in range(1, 9)]  # t_v(N) = 100 ms + 10 ms per extra row
+P = {name: cls() for name, cls in PROPOSERS.items()}  # "draft", "tree", "lookup"
+
+
+def _choose(pol, lookup=0, lag=0, horizon=None, draft=True, tree=False):
+    """The controller's plan as (source, size): ("draft", 0) for a plain step, ("catchup", m)."""
+    offers = ((Offer(P["draft"], 99),) if draft else ()) + ((Offer(P["tree"], 99),) if tree else ())
+    plan = pol.choose(Situation(offers + (Offer(P["lookup"], lookup),), lag, horizon))
+    if plan.catchup_tokens:
+        return "catchup", plan.catchup_tokens
+    return (plan.proposer.name, plan.size) if plan.size else ("draft", 0)
+
+
+def _observe(pol, source, k, accepted, draft_step_ms, round_ms):
+    p = P[source] if k else None
+    plan = RoundPlan(p, k=k, n_nodes=k) if p else RoundPlan()
+    depths = tuple(range(1, k + 1))
+    pol.observe(RoundResult(plan, [0] * (accepted + 1), p, depths, accepted, draft_step_ms=draft_step_ms,
+                            round_ms=round_ms))
 
 
 def _feed(policy, source, k, accepted, n=50):
     for _ in range(n):
-        policy.observe(source, k, accepted, None, policy.predicted_ms(source, k))
+        _observe(policy, source, k, accepted, None, policy.predicted_ms(P[source], k))
 
 
 def test_expected_tokens_formula():
@@ -24,34 +44,34 @@ def test_expected_tokens_formula():
 
 def test_expensive_draft_gives_k0():
     pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=90.0), alpha0=0.9)
-    assert pol.choose() == ("draft", 0)
+    assert _choose(pol) == ("draft", 0)
 
 
 def test_cheap_draft_and_high_alpha_give_k_above_0():
     pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=5.0), alpha0=0.9)
-    src, k = pol.choose()
+    src, k = _choose(pol)
     assert src == "draft" and k >= 3
 
 
 def test_measured_overhead_turns_speculation_off():
     """Rounds that measure 40% slower than the model predicts make a marginal K unprofitable."""
     pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=20.0), alpha0=0.75)
-    src, k = pol.choose()
+    src, k = _choose(pol)
     assert k > 0
     for _ in range(10):
-        pol.observe(src, k, 1, None, 1.4 * pol._model_ms(src, k))
-        pol.observe("draft", 0, 0, None, 100.0)
-    assert pol.choose() == ("draft", 0)
+        _observe(pol, src, k, 1, None, 1.4 * pol._model_ms(P[src], k))
+        _observe(pol, "draft", 0, 0, None, 100.0)
+    assert _choose(pol) == ("draft", 0)
 
 
 def test_low_acceptance_switches_to_plain_and_probes_to_recover():
     pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=10.0), alpha0=0.9, probe_every=8)
-    assert pol.choose()[1] > 0
+    assert _choose(pol)[1] > 0
     _feed(pol, "draft", 4, 0)  # nothing accepted: speculation does not pay
-    ks = [pol.choose()[1] for _ in range(16)]
+    ks = [_choose(pol)[1] for _ in range(16)]
     assert ks.count(0) >= 14 and max(ks) > 0  # plain steps, with a probe round every 8
     _feed(pol, "draft", 2, 2)  # the text became predictable
-    assert pol.choose()[1] > 0
+    assert _choose(pol)[1] > 0
 
 
 def test_latency_budget_is_respected():
@@ -59,15 +79,15 @@ def test_latency_budget_is_respected():
     rounds measured faster than the model let K grow, slower ones shrink it."""
     cost = CostModel(list(LINEAR), draft_ms=5.0)
     pol = AdaptiveK(cost, alpha0=0.95, latency_budget_ms=160.0)
-    src, k = pol.choose()
+    src, k = _choose(pol)
     assert k == 2 and 1.15 * cost.round_ms(k) <= 160.0 < 1.15 * cost.round_ms(k + 1)
     for _ in range(20):  # measured at 0.95× the model: K = 4 (152 ms) fits
-        pol.observe("draft", k, k, None, 0.95 * cost.round_ms(k))
-    assert pol.choose() == ("draft", 4)
+        _observe(pol, "draft", k, k, None, 0.95 * cost.round_ms(k))
+    assert _choose(pol) == ("draft", 4)
     for _ in range(20):  # then 20% slower: back to K = 2 (156 ms)
-        pol.observe("draft", 4, 4, None, 1.2 * cost.round_ms(4))
-    assert pol.choose() == ("draft", 2)
-    assert AdaptiveK(CostModel(list(LINEAR), draft_ms=5.0), alpha0=0.95).choose()[1] > 4
+        _observe(pol, "draft", 4, 4, None, 1.2 * cost.round_ms(4))
+    assert _choose(pol) == ("draft", 2)
+    assert _choose(AdaptiveK(CostModel(list(LINEAR), draft_ms=5.0), alpha0=0.95))[1] > 4
 
 
 def test_budget_splits_a_long_catch_up_into_plain_rounds():
@@ -75,9 +95,9 @@ def test_budget_splits_a_long_catch_up_into_plain_rounds():
     cost = CostModel(list(LINEAR), draft_ms=5.0, draft_prefill_ms=2.0)
     pol = AdaptiveK(cost, alpha0=0.95, latency_budget_ms=160.0)
     pol.end(1000)  # earlier answers were long: the catch-up pays
-    src, m = pol.choose(lag=200)  # 398 ms of catch-up
+    src, m = _choose(pol, lag=200)  # 398 ms of catch-up
     assert src == "catchup" and m == 1 + int((160.0 - 1.15 * 100.0 - 1.15 * 5.0) // (1.15 * 2.0))
-    assert pol.choose(lag=10)[0] == "draft"  # 18 ms of catch-up fits beside K = 1 or 2
+    assert _choose(pol, lag=10)[0] == "draft"  # 18 ms of catch-up fits beside K = 1 or 2
 
 
 def test_budget_catch_up_pieces_shrink_the_lag_to_nothing():
@@ -88,29 +108,29 @@ def test_budget_catch_up_pieces_shrink_the_lag_to_nothing():
     pol.end(1000)
     lag, rounds = 40, 0
     while lag > 1 and rounds < 50:
-        src, m = pol.choose(lag=lag)
+        src, m = _choose(pol, lag=lag)
         if src != "catchup":
             break
         assert 1 <= m <= lag
         lag = lag - m + 1
         rounds += 1
-    assert lag <= 1 and pol.choose(lag=lag)[0] == "draft" and pol.choose(lag=lag)[1] > 0
+    assert lag <= 1 and _choose(pol, lag=lag)[0] == "draft" and _choose(pol, lag=lag)[1] > 0
 
 
 def test_lookup_is_tried_once_before_its_estimate_counts():
     """The draft looks better on the prior, but lookup costs only extra verified rows: it gets one try."""
     pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=5.0), alpha0=0.95, lookup_alpha0=0.5)
-    assert pol.choose(lookup=1)[0] == "draft"  # a one-token match is not worth a try
-    assert pol.choose(lookup=4) == ("lookup", 4)
-    pol.observe("lookup", 4, 0, None, pol._model_ms("lookup", 4))
-    assert pol.choose(lookup=4)[0] == "draft"  # tried, rejected: the estimates decide from now on
+    assert _choose(pol, lookup=1)[0] == "draft"  # a one-token match is not worth a try
+    assert _choose(pol, lookup=4) == ("lookup", 4)
+    _observe(pol, "lookup", 4, 0, None, pol._model_ms(P["lookup"], 4))
+    assert _choose(pol, lookup=4)[0] == "draft"  # tried, rejected: the estimates decide from now on
 
 
 def test_lookup_is_preferred_when_it_is_accepted_and_free():
     pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=40.0), alpha0=0.6, lookup_alpha0=0.9)
-    src, k = pol.choose(lookup=5)
+    src, k = _choose(pol, lookup=5)
     assert src == "lookup" and 1 <= k <= 5
-    assert pol.choose(lookup=0)[0] == "draft"
+    assert _choose(pol, lookup=0)[0] == "draft"
 
 
 def test_ngram_lookup():
@@ -141,14 +161,14 @@ def dec(tiny_export):
     return SpecDecoder.load(tiny_export)
 
 
-@pytest.mark.parametrize("mode,lookup", [("lookup", True), ("spec", True)])
+@pytest.mark.parametrize("proposers", [("lookup",), ("lookup", "draft")])
 @pytest.mark.parametrize("prompt", ["def add(a, b):", "The quick brown", "class Node:\n"])
-def test_lookup_greedy_equals_target_greedy(dec, mode, lookup, prompt):
+def test_lookup_greedy_equals_target_greedy(dec, proposers, prompt):
     ids = dec.encode(prompt)
     dec.reset()
-    plain = dec.generate(input_ids=ids, max_new_tokens=80, mode="plain").run()
+    plain = dec.generate(input_ids=ids, max_new_tokens=80, proposers=()).run()
     dec.reset()
-    g = dec.generate(input_ids=ids, max_new_tokens=80, k=4, mode=mode, lookup=lookup).run()
+    g = dec.generate(input_ids=ids, max_new_tokens=80, k=4, proposers=proposers).run()
     assert g.token_ids == plain.token_ids
     assert g.stats.accepted <= g.stats.evaluated <= g.stats.proposed
 
@@ -156,36 +176,36 @@ def test_lookup_greedy_equals_target_greedy(dec, mode, lookup, prompt):
 def test_lookup_rounds_happen_on_repetitive_text(dec):
     ids = dec.encode("def add(a, b):\n    return a + b\ndef add(a, b):\n    return a + b\ndef add(a, b):")
     dec.reset()
-    g = dec.generate(input_ids=ids, max_new_tokens=40, k=4, mode="lookup").run()
-    assert g.stats.lookup_rounds > 0
+    g = dec.generate(input_ids=ids, max_new_tokens=40, k=4, proposers=("lookup",)).run()
+    assert g.stats.proposers["lookup"].rounds > 0
 
 
 def test_adaptive_policy_in_generation_keeps_greedy_and_reports_k(dec):
     ids = dec.encode("def add(a, b):")
     dec.reset()
-    plain = dec.generate(input_ids=ids, max_new_tokens=60, mode="plain").run()
+    plain = dec.generate(input_ids=ids, max_new_tokens=60, proposers=()).run()
     dec.reset()
     pol = AdaptiveK(CostModel([1.0 + 0.1 * n for n in range(8)], draft_ms=0.05), probe_every=4)
-    g = dec.generate(input_ids=ids, max_new_tokens=60, k=pol, lookup=True).run()
+    g = dec.generate(input_ids=ids, max_new_tokens=60, policy=pol, proposers=("lookup", "draft")).run()
     assert g.token_ids == plain.token_ids
     assert len(g.stats.k_per_round) == g.stats.rounds and max(g.stats.k_per_round) > 0
 
 
 def test_adaptive_tree_policy_picks_a_budget_and_learns():
-    pol = AdaptiveK(CostModel(list(LINEAR) + [180.0, 190.0, 200.0, 210.0, 220.0], draft_ms=5.0), alpha0=0.8, tree=True)
-    src, n = pol.choose()
+    pol = AdaptiveK(CostModel(list(LINEAR) + [180.0, 190.0, 200.0, 210.0, 220.0], draft_ms=5.0), alpha0=0.8)
+    src, n = _choose(pol, tree=True)
     assert src in ("tree", "draft") and n > 0
     for _ in range(30):
-        pol.observe("tree", 8, 5, 5.0, pol._model_ms("tree", 8))  # budget 8 accepts 5 tokens per round: best
+        _observe(pol, "tree", 8, 5, 5.0, pol._model_ms(P["tree"], 8))  # budget 8 accepts 5 tokens per round: best
         for b in (4, 6, 12):
-            pol.observe("tree", b, 0, 5.0, pol._model_ms("tree", b))
-    assert pol.choose() == ("tree", 8)
+            _observe(pol, "tree", b, 0, 5.0, pol._model_ms(P["tree"], b))
+    assert _choose(pol, tree=True) == ("tree", 8)
 
 
 def test_draft_p_min_stops_drafting_early_and_stays_lossless(dec):
     ids = dec.encode("The quick brown")
     dec.reset()
-    plain = dec.generate(input_ids=ids, max_new_tokens=40, mode="plain").run()
+    plain = dec.generate(input_ids=ids, max_new_tokens=40, proposers=()).run()
     dec.reset()
     g = dec.generate(input_ids=ids, max_new_tokens=40, k=6, draft_p_min=0.99).run()
     assert g.token_ids == plain.token_ids
@@ -195,12 +215,12 @@ def test_draft_p_min_stops_drafting_early_and_stays_lossless(dec):
 def test_draft_catch_up_is_amortized_over_the_expected_answer_length():
     """A stretch the draft has not seen costs a catch-up; it pays only over enough expected remaining tokens."""
     pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=5.0, draft_prefill_ms=2.0), alpha0=0.75)
-    assert pol.choose(lag=1, horizon=200)[1] > 0  # nothing to catch up
-    assert pol.choose(lag=400, horizon=10_000) == ("draft", 0)  # no history: expect as many tokens as so far
+    assert _choose(pol, lag=1, horizon=200)[1] > 0  # nothing to catch up
+    assert _choose(pol, lag=400, horizon=10_000) == ("draft", 0)  # no history: expect as many tokens as so far
     pol.end(5000)
     pol.begin()
-    assert pol.choose(lag=400, horizon=8) == ("draft", 0)  # only 8 tokens may follow
-    assert pol.choose(lag=400, horizon=10_000)[1] > 0  # the last answer ran 5000 tokens
+    assert _choose(pol, lag=400, horizon=8) == ("draft", 0)  # only 8 tokens may follow
+    assert _choose(pol, lag=400, horizon=10_000)[1] > 0  # the last answer ran 5000 tokens
 
 
 def test_without_history_the_draft_starts_once_the_answer_has_run_long_enough():
@@ -209,11 +229,11 @@ def test_without_history_the_draft_starts_once_the_answer_has_run_long_enough():
     pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=5.0, draft_prefill_ms=20.0), alpha0=0.9)
     starts = None
     for n in range(60):
-        src, k = pol.choose(lag=40 + n, horizon=1000)
+        src, k = _choose(pol, lag=40 + n, horizon=1000)
         if k > 0:
             starts = n
             break
-        pol.observe("draft", 0, 0, None, 100.0)
+        _observe(pol, "draft", 0, 0, None, 100.0)
     assert starts is not None and 15 < starts < 25
     assert pol.expected_remaining(1000) == starts
     short = AdaptiveK(CostModel(list(LINEAR), draft_ms=5.0, draft_prefill_ms=20.0), alpha0=0.9)
@@ -222,8 +242,8 @@ def test_without_history_the_draft_starts_once_the_answer_has_run_long_enough():
         short.end(6)  # answers of 6 tokens: the catch-up never pays within them
     short.begin()
     for n in range(5):
-        assert short.choose(lag=40 + n, horizon=1000) == ("draft", 0)
-        short.observe("draft", 0, 0, None, 100.0)
+        assert _choose(short, lag=40 + n, horizon=1000) == ("draft", 0)
+        _observe(short, "draft", 0, 0, None, 100.0)
 
 
 def test_target_confidence_stands_in_for_acceptance_before_any_draft_round():
@@ -232,7 +252,7 @@ def test_target_confidence_stands_in_for_acceptance_before_any_draft_round():
     for c in (0.9, 0.95, 1.0):
         pol.observe_confidence(c)
     assert pol.alpha() == pytest.approx((4 * 0.7 + 0.9 + 0.95 + 1.0) / 7)  # the prior weighs as 4 steps
-    pol.observe("draft", 2, 0, None, 120.0)  # measured acceptance takes over
+    _observe(pol, "draft", 2, 0, None, 120.0)  # measured acceptance takes over
     assert pol.alpha() < 0.7
 
 
@@ -247,8 +267,8 @@ def test_lookup_mode_never_runs_the_draft_even_if_the_policy_asks(dec):
     pol = AdaptiveK(CostModel([1.0 + 0.1 * n for n in range(8)], draft_ms=0.05), alpha0=0.95)
     dec.reset()
     ids = dec.encode("def add(a, b):")
-    g = dec.generate(input_ids=ids, max_new_tokens=30, k=pol, mode="lookup").run()
-    assert dec.dcache.length == 0 and g.stats.tree_rounds == 0
+    g = dec.generate(input_ids=ids, max_new_tokens=30, policy=pol, proposers=("lookup",)).run()
+    assert dec.dcache.length == 0 and "tree" not in g.stats.proposers and "draft" not in g.stats.proposers
     dec.reset()
-    plain = dec.generate(input_ids=ids, max_new_tokens=30, mode="plain").run()
+    plain = dec.generate(input_ids=ids, max_new_tokens=30, proposers=()).run()
     assert g.token_ids == plain.token_ids

@@ -104,3 +104,21 @@ def test_eval_on_the_tiny_pair(tiny_export, home, prompts_file):
     assert len(res["sampling"]) == 2 and all(s["tv"] < 3 * s["tv_noise"] + 0.02 for s in res["sampling"])
     ll = res["likelihood"]
     assert ll["spec"]["samples"] == ll["plain"]["samples"] == 4
+
+
+BLOCKED = ["tqdm", "matplotlib", "torch", "transformers", "optimum", "onnx", "gguf", "accelerate"]
+
+
+@pytest.mark.parametrize("command", ["bench", "eval"])
+def test_bench_and_eval_run_on_a_runtime_only_install(tiny_export, home, prompts_file, tmp_path, command):
+    """Import hygiene: with every extra's package unimportable (as after `pip install edgespec`), both commands
+    still run (no progress bar, no plot)."""
+    block = "; ".join(f"sys.modules[{m!r}] = None" for m in BLOCKED)
+    args = [command, str(tiny_export), "--prompts", str(prompts_file), "--max-new-tokens", "6", "--json"]
+    args += ["--modes", "plain,k2", "--out", str(tmp_path / "b")] if command == "bench" else [
+        "--draws", "20", "--ll-samples", "2", "--per-class", "1"]
+    code = f"import sys; {block}; from edgespec.cli import main; sys.exit(main({args!r}))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, EDGESPEC_HOME=str(home)))
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and json.loads(r.stdout)

@@ -24,7 +24,7 @@ def api(tiny_export):
 
 def test_generate_prints_exactly_the_greedy_text(tiny_export, home, api):
     api.reset()
-    want = api.generate(messages=[{"role": "user", "content": "def add"}], max_new_tokens=12, k=0, mode="plain").run()
+    want = api.generate(messages=[{"role": "user", "content": "def add"}], max_new_tokens=12, proposers=()).run()
     r = run(["generate", str(tiny_export), "--prompt", "def add", "--max-new-tokens", "12", "--k", "3"], home)
     assert r.returncode == 0, r.stderr
     assert r.stdout == want.text + "\n"
@@ -33,7 +33,7 @@ def test_generate_prints_exactly_the_greedy_text(tiny_export, home, api):
 
 def test_generate_json_from_stdin_and_plain_mode(tiny_export, home, api):
     api.reset()
-    want = api.generate("class Node", max_new_tokens=10, mode="plain").run()
+    want = api.generate("class Node", max_new_tokens=10, proposers=()).run()
     for mode in ("spec", "plain"):
         r = run(["generate", str(tiny_export), "--raw", "--json", "--max-new-tokens", "10", "--mode", mode], home,
                 stdin="class Node")
@@ -55,7 +55,7 @@ def test_scripted_multi_turn_chat(tiny_export, home, api):
         if i == 2:  # after /reset
             conv = []
         conv.append({"role": "user", "content": t})
-        g = api.generate(messages=conv, max_new_tokens=8, mode="plain").run()
+        g = api.generate(messages=conv, max_new_tokens=8, proposers=()).run()
         conv.append({"role": "assistant", "content": g.text})
         want.append(g.text)
     script = "def add\n/stats\nand again\n/reset\nhi\n/exit\nnever read\n"

@@ -4,18 +4,18 @@ import numpy as np
 import pytest
 
 from edgespec.decoder import SpecDecoder
-from edgespec.kpolicy import KSchedule
+from edgespec.kpolicy import KPolicy, KSchedule, RoundPlan
 from edgespec.text import IncrementalDetokenizer
 
 
 @pytest.fixture(scope="module")
-def dec(tiny_export):
-    return SpecDecoder.load(tiny_export)
+def dec(export_each_format):
+    return SpecDecoder.load(export_each_format)
 
 
 @pytest.fixture(scope="module")
-def self_dec(tiny_self_export):
-    return SpecDecoder.load(tiny_self_export)
+def self_dec(self_export_each_format):
+    return SpecDecoder.load(self_export_each_format)
 
 
 PROMPTS = ["def add(a, b):", "The quick brown", "class Node:\n", "单发"]
@@ -27,7 +27,7 @@ def _ids(d, prompt):
 
 def _plain(d, ids, n):
     d.reset()
-    return d.generate(input_ids=ids, max_new_tokens=n, mode="plain").run()
+    return d.generate(input_ids=ids, max_new_tokens=n, proposers=()).run()
 
 
 class _CheckedSchedule(KSchedule):
@@ -37,11 +37,11 @@ class _CheckedSchedule(KSchedule):
         super().__init__(schedule)
         self.d = decoder
 
-    def choose(self, lookup=0, lag=0, horizon=None):
+    def choose(self, situation):
         d = self.d
         assert d.tcache.length == len(d.tokens) - 1  # target: positions 0..L-1, `last` not cached
         assert d.dcache.length <= d.tcache.length  # the draft may lag, never lead
-        return super().choose(lookup)
+        return super().choose(situation)
 
 
 @pytest.mark.parametrize("schedule", [[4], [4, 0, 0, 4, 1, 0, 4]])
@@ -49,7 +49,7 @@ def test_draft_equal_to_target_accepts_everything(self_dec, schedule):
     ids = _ids(self_dec, "def add(a, b):")
     plain = _plain(self_dec, ids, 200)
     self_dec.reset()
-    g = self_dec.generate(input_ids=ids, max_new_tokens=200, k=_CheckedSchedule(schedule, self_dec)).run()
+    g = self_dec.generate(input_ids=ids, max_new_tokens=200, policy=_CheckedSchedule(schedule, self_dec)).run()
     s = g.stats
     assert g.token_ids == plain.token_ids
     assert s.proposed > 0 and s.accepted == s.proposed and s.corrections == 0
@@ -175,27 +175,29 @@ def test_greedy_check_reports_identity(dec):
     assert r["identical"] and r["first_divergence"] is None and r["plain_tokens"] == r["spec_tokens"]
 
 
-class _SourceSchedule:
+class _SourceSchedule(KPolicy):
     """Cycles through (source, K) pairs, checking the cache invariants and the draft's catch-up pieces."""
 
     def __init__(self, schedule, decoder):
         self.schedule, self.i, self.d = schedule, 0, decoder
         self.before, self.catchups = None, []
 
-    def choose(self, lookup=0, lag=0, horizon=None):
-        d = self.d
+    def choose(self, situation):
+        d, lag = self.d, situation.lag
         assert d.tcache.length == len(d.tokens) - 1 and d.dcache.length <= d.tcache.length
         assert lag == len(d.tokens) - d.dcache.length
         src, k = self.schedule[self.i % len(self.schedule)]
         self.i += 1
         self.before = (src, k, lag, d.dcache.length)
-        return src, k
+        if src == "catchup":
+            return RoundPlan(catchup_tokens=k)
+        return RoundPlan(next(o.proposer for o in situation.offers if o.proposer.name == src), k=k)
 
-    def observe(self, source, k, accepted, draft_step_ms, round_ms, catchup_ms=0.0, catchup_tokens=0):
+    def observe(self, result):
         src, m, lag, before = self.before
         if src == "catchup":
             fed = min(m, lag)  # the token this round adds stays unfed: the next proposal still has a feed
-            assert k == 0 and accepted == 0 and catchup_tokens == fed
+            assert result.size == 0 and result.accepted == 0 and result.catchup_tokens == fed
             assert self.d.dcache.length == before + fed
             self.catchups.append(fed)
 
@@ -206,7 +208,7 @@ def test_catch_up_rounds_advance_the_draft_and_keep_greedy_output(dec):
     plain = _plain(dec, ids, 60)
     dec.reset()
     pol = _SourceSchedule([("draft", 0), ("draft", 0), ("catchup", 2), ("catchup", 50), ("draft", 3)], dec)
-    g = dec.generate(input_ids=ids, max_new_tokens=60, k=pol).run()
+    g = dec.generate(input_ids=ids, max_new_tokens=60, policy=pol).run()
     assert g.token_ids == plain.token_ids
     assert pol.catchups and max(pol.catchups) > 2 and g.stats.draft_ms > 0
     assert set(g.stats.k_per_round) <= {0, 1, 2, 3} and 3 in g.stats.k_per_round  # catch-up rounds record K = 0

@@ -214,7 +214,7 @@ def test_pruned_draft_vocabulary(home, tiny_dirs, tmp_path):
     for prompt in ("def add(a, b):", "The quick brown"):
         ids = dec.encode(prompt)
         dec.reset()
-        plain = dec.generate(input_ids=ids, max_new_tokens=50, mode="plain").run()
+        plain = dec.generate(input_ids=ids, max_new_tokens=50, proposers=()).run()
         dec.reset()
         g = dec.generate(input_ids=ids, max_new_tokens=50, k=3).run()
         assert g.token_ids == plain.token_ids

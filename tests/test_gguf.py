@@ -234,7 +234,7 @@ def test_greedy_matches_original_pytorch(gguf_export, hf_model):
     assert len(ref) >= 8  # not a stop token straight away: a real comparison
     dec = SpecDecoder.load(gguf_export)
     assert dec.encode("def add(a, b):") == ids
-    g = dec.generate(input_ids=ids, max_new_tokens=n, mode="plain").run()
+    g = dec.generate(input_ids=ids, max_new_tokens=n, proposers=()).run()
     assert g.token_ids == ref
     dec.reset()
     spec = dec.generate(input_ids=ids, max_new_tokens=n, k=3).run()  # the draft is the same graph

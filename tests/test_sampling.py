@@ -124,3 +124,35 @@ def test_greedy_accept_is_accept_reject_on_one_hot_distributions():
         q[np.arange(k), drafted] = 1.0
         expect = accept_reject(drafted, q, probs(logits, greedy), rng)
         assert greedy_accept(drafted, logits) == expect
+
+
+def test_a_chain_shaped_tree_is_accept_reject_on_the_same_seed():
+    """One rule: verifying a chain as a tree (sampling.verify_tree) gives exactly what accept_reject gives,
+    draw for draw, on broad and on one-hot (fixed proposal) q, and greedy matches greedy_accept."""
+    from edgespec.sampling import greedy_accept, verify_tree
+    from edgespec.tree import TokenTree
+
+    gen = np.random.default_rng(11)
+    sp = SamplingParams(0.9)
+    n_rejected = 0
+    for trial in range(300):
+        k, v = int(gen.integers(1, 6)), 9
+        p = probs(gen.normal(size=(k + 1, v)), sp)
+        q = probs(gen.normal(size=(k, v)), sp) if trial % 3 else None
+        drafted = [sample(q[i], gen) if q is not None else int(gen.integers(0, v)) for i in range(k)]
+        if q is None:  # a fixed proposal: one-hot q
+            q = np.zeros((k, v))
+            q[np.arange(k), drafted] = 1.0
+        chain = TokenTree.chain(drafted, q)
+        assert chain.is_chain and chain.parents == list(range(-1, k - 1))
+        seed = int(gen.integers(1 << 30))
+        n, tok = accept_reject(np.array(drafted), q, p, np.random.default_rng(seed))
+        path, tok2 = verify_tree(chain, p, sp, np.random.default_rng(seed))
+        assert (path, tok2) == (list(range(n)), tok)
+        n_rejected += n < k
+        logits = gen.normal(size=(k + 1, v)).astype(np.float32)
+        n_g, tok_g = greedy_accept(np.array(drafted), logits)
+        path_g, tok_g2 = verify_tree(chain, probs(logits, SamplingParams(0)), SamplingParams(0),
+                                     np.random.default_rng(seed))
+        assert (path_g, tok_g2) == (list(range(n_g)), tok_g)
+    assert 0 < n_rejected < 300  # both outcomes were exercised

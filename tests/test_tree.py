@@ -6,7 +6,8 @@ import pytest
 import edgespec.decoder as decoder_mod
 from edgespec.decoder import SpecDecoder
 from edgespec.sampling import SamplingParams, probs, sample
-from edgespec.tree import TokenTree, TreeShape, pick_children, verify_tree
+from edgespec.sampling import verify_tree
+from edgespec.tree import TokenTree, TreeShape, pick_children
 
 
 def _tv(a, b):
@@ -54,8 +55,8 @@ def test_greedy_tree_follows_argmax():
 
 
 @pytest.fixture(scope="module")
-def dec(tiny_export):
-    return SpecDecoder.load(tiny_export)
+def dec(export_each_format):
+    return SpecDecoder.load(export_each_format)
 
 
 @pytest.mark.parametrize("budget", [2, 5, 8, 12])
@@ -63,11 +64,11 @@ def dec(tiny_export):
 def test_tree_greedy_equals_target_greedy(dec, budget, prompt):
     ids = dec.encode(prompt)
     dec.reset()
-    plain = dec.generate(input_ids=ids, max_new_tokens=50, mode="plain").run()
+    plain = dec.generate(input_ids=ids, max_new_tokens=50, proposers=()).run()
     dec.reset()
-    g = dec.generate(input_ids=ids, max_new_tokens=50, k=budget, tree=True).run()
+    g = dec.generate(input_ids=ids, max_new_tokens=50, proposers=("tree",), n_nodes=budget).run()
     assert g.token_ids == plain.token_ids
-    assert g.stats.tree_rounds > 0 and g.stats.accepted <= g.stats.proposed
+    assert g.stats.proposers["tree"].rounds > 0 and g.stats.accepted <= g.stats.proposed
 
 
 def test_tree_sampling_on_the_tiny_pair_follows_p(dec):
@@ -78,8 +79,8 @@ def test_tree_sampling_on_the_tiny_pair_follows_p(dec):
     assert r["tv"] < 3 * r["tv_noise"] + 0.01
 
 
-def test_draft_equal_to_target_accepts_the_whole_main_path(tiny_self_export, monkeypatch):
-    d = SpecDecoder.load(tiny_self_export)
+def test_draft_equal_to_target_accepts_the_whole_main_path(self_export_each_format, monkeypatch):
+    d = SpecDecoder.load(self_export_each_format)
     seen = []
     real_verify = decoder_mod.verify_tree
 
@@ -95,9 +96,9 @@ def test_draft_equal_to_target_accepts_the_whole_main_path(tiny_self_export, mon
     monkeypatch.setattr(decoder_mod, "verify_tree", spy)
     ids = d.encode("def add(a, b):")
     d.reset()
-    plain = d.generate(input_ids=ids, max_new_tokens=60, mode="plain").run()
+    plain = d.generate(input_ids=ids, max_new_tokens=60, proposers=()).run()
     d.reset()
-    g = d.generate(input_ids=ids, max_new_tokens=60, k=8, tree=True).run()
+    g = d.generate(input_ids=ids, max_new_tokens=60, proposers=("tree",), n_nodes=8).run()
     assert g.token_ids == plain.token_ids
     assert seen and all(path == main for path, main in seen)
 

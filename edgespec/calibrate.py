@@ -1,0 +1,104 @@
+"""The measured cost model of adaptive K and its cache: target verify time per row count, draft step time,
+draft catch-up time per token (ms), measured once per device, export and execution provider.
+
+Kept apart from the controller (:mod:`.adaptive`), which is pure decision logic on a :class:`CostModel`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import paths
+
+
+@dataclass
+class CostModel:
+    """Measured costs in ms: ``verify_ms[N-1]`` = target run of N rows; ``draft_ms`` = one draft step;
+    ``draft_prefill_ms`` = draft time per token of a many-token feed (its catch-up on unseen tokens)."""
+
+    verify_ms: list[float]
+    draft_ms: float
+    draft_prefill_ms: float = 1.0
+
+    def t_verify(self, n: int) -> float:
+        """Predicted target time for N rows (linear extrapolation past the measured range)."""
+        v = self.verify_ms
+        if n <= len(v):
+            return v[n - 1]
+        slope = (v[-1] - v[0]) / max(len(v) - 1, 1)
+        return v[-1] + slope * (n - len(v))
+
+    def round_ms(self, k: int) -> float:
+        """Predicted wall time of a round with draft length K (K = 0: one plain step)."""
+        return k * self.draft_ms + self.t_verify(k + 1)
+
+
+def calibration_path(decoder, k_max: int) -> Path:
+    """Where :func:`calibrate` caches its measurement: one JSON file per export, device, execution provider,
+    thread count and K range, under the user cache."""
+    from .onnx_model import pool_threads
+
+    m = decoder.manifest
+    key = "-".join([
+        m.name if m else "export", (m.target.source_sha256[:12] + m.draft.source_sha256[:12]) if m else "",
+        m.target.quantization.precision if m else "", str(m.draft.vocab_size) if m else "",
+        platform.node(), platform.machine(), decoder.target.session.get_providers()[0],
+        str(pool_threads() or os.cpu_count()), f"k{k_max}",
+        "lk" if decoder.target.has_logits_keep else "",
+    ])
+    return paths.home() / "calibration" / (key.replace("/", "_") + ".json")
+
+
+def calibrate(decoder, k_max: int = 6, context: int = 128, reps: int = 5, use_cache: bool = True) -> CostModel:
+    """Measure t_v(N) for N = 1..k_max+1, the draft step time after a ``context``-token past (median ms), and
+    the draft's per-token prefill time (its catch-up cost).
+
+    One prefill per model, then each timed run is rolled back with ``crop``; a second or two on the real
+    pair. The result is cached per device, export and execution provider under the user cache.
+    """
+    path = calibration_path(decoder, k_max)
+    if use_cache and path.is_file():
+        try:
+            return CostModel(**json.loads(path.read_text()))
+        except (ValueError, TypeError):
+            pass
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, min(decoder.width, 1000), size=context + k_max + 1).tolist()
+
+    prefill = {}
+
+    def timed(model, ns):
+        model.forward(ids[:8], model.new_cache())  # warm-up: a session's first run is slower
+        cache = model.new_cache()
+        t0 = time.perf_counter()
+        model.forward(ids[:context], cache, keep=1)
+        prefill[model] = (time.perf_counter() - t0) * 1e3 / context
+        model.forward(ids[context:context + 1], cache)  # warm-up
+        out = {}
+        for n in ns:
+            ts = []
+            for _ in range(reps):
+                cache.crop(context)
+                t0 = time.perf_counter()
+                model.forward(ids[context:context + n], cache)
+                ts.append((time.perf_counter() - t0) * 1e3)
+            out[n] = float(np.median(ts))
+        return out
+
+    tv = timed(decoder.target, range(1, k_max + 2))
+    verify = [tv[n] for n in range(1, k_max + 2)]
+    draft = timed(decoder.draft, [1])[1] if decoder.draft is not None else verify[0]
+    cost = CostModel(verify_ms=verify, draft_ms=draft,
+                     draft_prefill_ms=prefill.get(decoder.draft, prefill[decoder.target]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(asdict(cost)))
+    os.replace(tmp, path)
+    return cost
