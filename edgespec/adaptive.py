@@ -18,6 +18,12 @@ is estimated from the target's own top-1 probabilities at plain steps. With a la
 long for one round runs in pieces after plain steps (plans with ``catchup_tokens``), and every check uses the 90th
 percentile of recent measured / predicted round times rather than the mean.
 
+A cost model that cannot go stale: the calibrated curves t_v(N) and t_d are shapes; their scale is measured all
+the time. Every plain step and every verify measures t_v(N) and every draft step t_d, and the medians of the last 8 measured /
+calibrated ratios rescale the target's and the draft's curves (the draft follows the target's scale until its
+own steps are measured). A calibration taken on a busy machine, 3× too slow, is therefore corrected after a few
+plain steps instead of keeping the controller from ever drafting.
+
 Every estimate (acceptance, overhead factor, tries) is kept per proposer, keyed by its name; a proposer is
 costed by what it declares: the draft model's chain (K draft steps), its tree (one draft run per level), or no
 model (verify rows only, like prompt lookup). Pure decision logic: the costs come in a :class:`CostModel`
@@ -66,8 +72,10 @@ class AdaptiveK(KPolicy):
         self.counts: dict[str, list[float]] = {}  # pseudo-counts of accepted / rejected tokens, per proposer
         self.overhead: dict[str, float] = {}  # measured / modelled round time per proposer (learned)
         self.rounds: dict[str, int] = {}  # rounds observed per proposer over this controller's life
-        self.plain_ms = cost.t_verify(1)
-        self.catchup_ms = cost.draft_prefill_ms  # per token the draft has not seen
+        # measured / calibrated time of the target's plain step and of the draft's step, newest last: their
+        # medians rescale the calibrated curves, so a stale calibration corrects itself within a few rounds
+        self.scale_samples: dict[str, list[float]] = {"target": [], "draft": []}
+        self.catchup_measured_ms: float | None = None  # per token the draft has not seen, once measured
         self.decay, self.hysteresis = decay, hysteresis
         self.probe_every, self.probe_k = probe_every, probe_k
         self.plain_run = 0
@@ -141,13 +149,42 @@ class AdaptiveK(KPolicy):
 
     # -- costs ------------------------------------------------------------------------------------------
 
+    def scale(self, model: str) -> float:
+        """Measured / calibrated time of ``model`` ("target" or "draft"): the median of its last 8 measured
+        runs (target: plain steps and verifies of N rows against t_v(N); draft: one-token steps), 1.0 before any. The draft follows the target's scale until its own steps are measured
+        (a calibration made while the machine was busy is off for both)."""
+        samples = self.scale_samples[model] or (self.scale_samples["target"] if model == "draft" else [])
+        return float(np.median(samples)) if samples else 1.0
+
+    @property
+    def plain_ms(self) -> float:
+        """Predicted plain target step (ms): calibrated t_v(1) times the target's measured scale."""
+        return self.cost.t_verify(1) * self.scale("target")
+
+    @property
+    def draft_step_ms(self) -> float:
+        """Predicted one-token draft step (ms): calibrated t_d times the draft's measured scale."""
+        return self.cost.draft_ms * self.scale("draft")
+
+    @property
+    def catchup_ms(self) -> float:
+        """Predicted draft catch-up per unseen token (ms): measured on long feeds, else calibrated × scale."""
+        if self.catchup_measured_ms is not None:
+            return self.catchup_measured_ms
+        return self.cost.draft_prefill_ms * self.scale("draft")
+
     def _model_ms(self, p: Proposer, k: int) -> float:
-        """The calibrated cost model's round time for proposer ``p`` with K (tree: N nodes)."""
+        """The cost model's round time for proposer ``p`` with K (tree: N nodes): calibrated curves, rescaled by
+        the measured target and draft scales."""
+        verify = self.cost.t_verify(k + 1) * self.scale("target")
         if not p.uses_draft:
-            return self.cost.t_verify(k + 1)
-        if p.tree:
-            return self.cost.t_verify(k + 1) + TreeShape.for_budget(k).depth * self.cost.draft_ms
-        return self.cost.round_ms(k)
+            return verify
+        draft_runs = TreeShape.for_budget(k).depth if p.tree else k
+        return verify + draft_runs * self.draft_step_ms
+
+    def _sample_scale(self, model: str, ratio: float) -> None:
+        if np.isfinite(ratio) and ratio > 0:
+            self.scale_samples[model] = (self.scale_samples[model] + [float(ratio)])[-8:]
 
     def predicted_ms(self, p: Proposer, k: int) -> float:
         """Predicted wall time of a round (ms): K = 0 is a plain step."""
@@ -236,7 +273,7 @@ class AdaptiveK(KPolicy):
         """A plain step plus as much of the draft's catch-up as the budget leaves room for: a feed of m tokens
         costs about one draft step plus m - 1 tokens of catch-up (with a 15% margin); a plain step if not even
         one token fits."""
-        room = self.latency_budget_ms - self._high_ms(_DRAFT, 0) - 1.15 * self.cost.draft_ms
+        room = self.latency_budget_ms - self._high_ms(_DRAFT, 0) - 1.15 * self.draft_step_ms
         if room < 0:
             return RoundPlan()
         m = 1 + int(room // max(1.15 * self.catchup_ms, 1e-3))
@@ -244,24 +281,28 @@ class AdaptiveK(KPolicy):
 
     def observe(self, result: RoundResult) -> None:
         """Learn from a finished round: the proposer's acceptance, its overhead factor (catch-up excluded), the
-        plain step, draft step and catch-up times (all EWMA), and the answer's length so far."""
+        target and draft scales (every plain step and verify measures t_v(N), every draft step t_d), the catch-up time
+        per token (EWMA), and the answer's length so far."""
         r, p, k = result, result.proposer, result.size
         self.generated += r.accepted + 1
         catchup_ms = r.catchup_ms
         if p is not None and r.catchup_tokens > 0:  # the feed also drafted the first token
-            catchup_ms = max(catchup_ms - (r.draft_step_ms or self.cost.draft_ms), 0.0)
+            catchup_ms = max(catchup_ms - (r.draft_step_ms or self.draft_step_ms), 0.0)
         if r.catchup_tokens >= 8:  # short feeds mostly measure a run's fixed cost, not the per-token one
-            self.catchup_ms = 0.7 * self.catchup_ms + 0.3 * (catchup_ms / r.catchup_tokens)
+            prev = self.catchup_ms
+            self.catchup_measured_ms = 0.7 * prev + 0.3 * (catchup_ms / r.catchup_tokens)
+        if r.draft_step_ms is not None:
+            self._sample_scale("draft", r.draft_step_ms / self.cost.draft_ms)
         if p is None or k == 0:  # a plain step, or a plain step with a catch-up
             plain = r.round_ms - catchup_ms
             self._ratio(None, plain / self.plain_ms)
-            self.plain_ms = 0.8 * self.plain_ms + 0.2 * plain
+            self._sample_scale("target", plain / self.cost.t_verify(1))
             return
+        if r.draft_ms > 0 or not p.uses_draft:  # the verify of N rows is the round less its proposing time
+            self._sample_scale("target", (r.round_ms - r.draft_ms) / self.cost.t_verify(r.proposed + 1))
         ratio = (r.round_ms - catchup_ms) / self._model_ms(p, k)
         self._ratio(p.name, ratio)
         self.overhead[p.name] = 0.7 * self.overhead.get(p.name, 1.0) + 0.3 * ratio
-        if r.draft_step_ms is not None:
-            self.cost.draft_ms = 0.8 * self.cost.draft_ms + 0.2 * r.draft_step_ms
         if p.tree:
             acc = self._tree_accepted(p)
             if k in acc:

@@ -56,19 +56,54 @@ def calibration_path(decoder, k_max: int) -> Path:
     return paths.home() / "calibration" / (key.replace("/", "_") + ".json")
 
 
+STALE_FACTOR = 1.5  # a cached t_v(1) off by more than this factor from a fresh plain step is re-measured
+
+
+def plain_step_ms(decoder, context: int = 16, reps: int = 3) -> float:
+    """Median time (ms) of one plain target step after a ``context``-token past: the cheap check of a cached
+    calibration (a warm-up run, a short prefill, ``reps`` one-row steps rolled back with ``crop``)."""
+    model = decoder.target
+    ids = np.random.default_rng(1).integers(0, min(decoder.width, 1000), size=context + 1).tolist()
+    model.forward(ids[:8], model.new_cache())  # warm-up: a session's first run is slower
+    cache = model.new_cache()
+    model.forward(ids[:context], cache, keep=1)
+    ts = []
+    for _ in range(reps):
+        cache.crop(context)
+        t0 = time.perf_counter()
+        model.forward(ids[context:], cache)
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(ts))
+
+
+def _cached(path: Path, decoder) -> CostModel | None:
+    """The cached cost model at ``path`` if it still describes this machine: its t_v(1) within
+    :data:`STALE_FACTOR` of a plain step measured now. None: missing, unreadable or stale (re-measure)."""
+    try:
+        cost = CostModel(**json.loads(path.read_text()))
+        cached = float(cost.verify_ms[0])
+    except (OSError, ValueError, TypeError, IndexError, KeyError):
+        return None
+    now = plain_step_ms(decoder)
+    if not (cached > 0 and 1 / STALE_FACTOR <= now / cached <= STALE_FACTOR):
+        return None
+    return cost
+
+
 def calibrate(decoder, k_max: int = 6, context: int = 128, reps: int = 5, use_cache: bool = True) -> CostModel:
     """Measure t_v(N) for N = 1..k_max+1, the draft step time after a ``context``-token past (median ms), and
     the draft's per-token prefill time (its catch-up cost).
 
     One prefill per model, then each timed run is rolled back with ``crop``; a second or two on the real
-    pair. The result is cached per device, export and execution provider under the user cache.
+    pair. The result is cached per device, export and execution provider under the user cache; a cached one is
+    re-checked at load with one plain step (:func:`plain_step_ms`) and re-measured when t_v(1) moved by more
+    than :data:`STALE_FACTOR`. The controller keeps the model current from then on (see :mod:`.adaptive`).
     """
     path = calibration_path(decoder, k_max)
     if use_cache and path.is_file():
-        try:
-            return CostModel(**json.loads(path.read_text()))
-        except (ValueError, TypeError):
-            pass
+        cost = _cached(path, decoder)
+        if cost is not None:
+            return cost
     rng = np.random.default_rng(0)
     ids = rng.integers(0, min(decoder.width, 1000), size=context + k_max + 1).tolist()
 
