@@ -47,16 +47,16 @@ class EdgespecRunner:
 
     runtime = EDGESPEC
 
-    def __init__(self, dec, mode_name: str, sampling):
+    def __init__(self, dec, mode_name: str, temperature: float = 0.0):
         from edgespec.bench import Mode
 
-        self.dec, self.mode, self.sp = dec, Mode.parse(mode_name), sampling
+        self.dec, self.mode, self.temperature = dec, Mode.parse(mode_name), temperature
         self.mode_name = mode_name
 
     def run(self, i: int, prompt: Prompt, ids: list[int], max_new_tokens: int) -> dict:
         from edgespec.bench import run_one
 
-        rec = run_one(self.dec, self.mode, prompt, max_new_tokens, self.sp, seed=i)
+        rec = run_one(self.dec, self.mode, prompt, max_new_tokens, self.temperature, seed=i)
         rec["prefill_tok_s"] = rec["prompt_tokens"] / (rec["ttft_ms"] / 1e3) if rec["ttft_ms"] else 0.0
         return rec
 
@@ -290,11 +290,9 @@ def run(args) -> dict:
     import os
     from contextlib import ExitStack
 
-    from tqdm.auto import tqdm
-
-    from edgespec.adaptive import calibrate
+    from edgespec.calibrate import calibrate
     from edgespec.decoder import SpecDecoder
-    from edgespec.sampling import SamplingParams
+    from edgespec.progress import progress_bar
     from peers_build import SDIST_REQ, binaries, cache_dir
 
     modes = args.modes.split(",")
@@ -307,10 +305,10 @@ def run(args) -> dict:
     if server_bin is None:
         raise EdgespecError("llama-server is not built: run `python bench/peers_build.py` first (~5.5 min)")
     dec = SpecDecoder.load(export, threads=args.threads, shared_thread_pool=True)
-    es = [EdgespecRunner(dec, m, SamplingParams(0.0)) for m in modes]  # ValueError on a bad mode name
-    for m in ("plain", "spec"):  # warm-up: first runs allocate
-        dec.generate("Hello", max_new_tokens=4, k=2, mode=m).run()
-    if any(m.startswith("adaptive") for m in modes):
+    es = [EdgespecRunner(dec, m) for m in modes]  # greedy; ValueError on a bad mode name
+    for proposers in ((), ("draft",)):  # warm-up: first runs allocate
+        dec.generate("Hello", max_new_tokens=4, k=2, proposers=proposers).run()
+    if any(r.mode.k is None for r in es):  # adaptive modes: measure the cost model once, before timing
         calibrate(dec)
     enc = lambda p: dec.encode(messages=list(p.messages))  # noqa: E731
     prompts, encoded, skipped = [], [], []
@@ -336,7 +334,7 @@ def run(args) -> dict:
             srv.complete(encoded[0], 4)  # warm-up
         ll = [LlamaRunner(servers[pm.name], pm) for pm in peer_modes]
         runners = [r for pair in zip(es, ll) for r in pair] + es[len(ll):] + ll[len(es):]
-        bar = tqdm(total=len(prompts) * len(runners) * args.repeats, desc="peers", unit="run")
+        bar = progress_bar(len(prompts) * len(runners) * args.repeats, "peers", unit="run")
         runs = interleave(prompts, encoded, runners, args.max_new_tokens, args.repeats, progress=bar.update)
         bar.close()
         long = None
