@@ -1,7 +1,8 @@
 """edgespec: lossless speculative sampling on onnxruntime for edge devices.
 
-The runtime needs only onnxruntime, numpy, tokenizers and jinja2. The exporter lives in the separate
-``edgespec_export`` package (``pip install edgespec[export]``).
+The runtime needs only onnxruntime, numpy, tokenizers and jinja2. The exporter is the
+``edgespec.export`` subpackage (directory ``export/``; its dependencies: ``pip install edgespec[export]``),
+never imported by the runtime; pair recipes in ``edgespec.models`` (directory ``models/``).
 """
 
 __version__ = "0.1.0"

@@ -26,7 +26,8 @@ plain steps instead of keeping the controller from ever drafting.
 
 Every estimate (acceptance, overhead factor, tries) is kept per proposer, keyed by its name; a proposer is
 costed by what it declares: the draft model's chain (K draft steps), its tree (one draft run per level), or no
-model (verify rows only, like prompt lookup). Pure decision logic: the costs come in a :class:`CostModel`
+model (verify rows only, like prompt lookup: up to ``free_k_max`` tokens, with acceptance tracked per matched
+n-gram length, as a 4-gram match is accepted far more often than a 2-gram one). Pure decision logic: the costs come in a :class:`CostModel`
 measured by :mod:`.calibrate`.
 """
 
@@ -66,8 +67,11 @@ class AdaptiveK(KPolicy):
     def __init__(self, cost: CostModel, k_max: int = 6, latency_budget_ms: float | None = None,
                  alpha0: float = 0.7, decay: float = 0.8, hysteresis: float = 0.03, probe_every: int = 8,
                  probe_k: int = 2, lookup_alpha0: float = 0.7, tree_budgets: tuple[int, ...] = (4, 6, 8, 12),
-                 catchup_margin: float = 0.10):
+                 catchup_margin: float = 0.10, free_k_max: int | None = None):
         self.cost, self.k_max, self.latency_budget_ms = cost, k_max, latency_budget_ms
+        # proposals without a model cost only verified rows: they may run longer than a draft chain
+        self.free_k_max = 2 * k_max if free_k_max is None else free_k_max
+        self._offered_match: dict[str, int] = {}  # the match of each proposer's offer in the last choose()
         self.alpha0, self.lookup_alpha0, self.catchup_margin = alpha0, lookup_alpha0, catchup_margin
         self.counts: dict[str, list[float]] = {}  # pseudo-counts of accepted / rejected tokens, per proposer
         self.overhead: dict[str, float] = {}  # measured / modelled round time per proposer (learned)
@@ -116,8 +120,10 @@ class AdaptiveK(KPolicy):
 
     # -- estimates --------------------------------------------------------------------------------------
 
-    def alpha(self, proposer: Proposer | None = None) -> float:
-        """Current acceptance estimate of ``proposer`` (default: the draft model's chain), in [0, 1].
+    def alpha(self, proposer: Proposer | None = None, match: int = 0) -> float:
+        """Current acceptance estimate of ``proposer`` (default: the draft model's chain), in [0, 1]; with
+        ``match`` > 0, that of its offers of that match (prompt lookup: per matched n-gram length, since longer
+        matches are accepted more often).
 
         Before this controller has seen any round of a draft-model chain, its estimate is the mean top-1
         probability of the target over the plain steps so far when the decoder reports it
@@ -127,20 +133,34 @@ class AdaptiveK(KPolicy):
         p = proposer or _DRAFT
         if p.uses_draft and not self.rounds.get(p.name):  # prior alpha0 weighs as much as 4 plain steps
             return (4 * self.alpha0 + self.conf_sum) / (4 + self.conf_n)
-        a, r = self._counts(p)
+        a, r = self._counts(p, match)
         return a / (a + r)
 
-    def _counts(self, p: Proposer) -> list[float]:
+    def _counts(self, p: Proposer, match: int = 0) -> list[float]:
+        """Pseudo-counts [accepted, rejected] of ``p``; with ``match`` > 0 those of its offers of that match
+        (prompt lookup: of that n-gram length), which start from the proposer's overall counts."""
         if p.name not in self.counts:
             a0 = self.alpha0 if p.uses_draft else self.lookup_alpha0
             self.counts[p.name] = [a0 * 2, (1 - a0) * 2]
-        return self.counts[p.name]
+        if match <= 0:
+            return self.counts[p.name]
+        key = f"{p.name}/{match}"
+        if key not in self.counts:
+            self.counts[key] = list(self.counts[p.name])
+        return self.counts[key]
 
     def _tree_accepted(self, p: Proposer) -> dict[int, float]:
         if p.name not in self.tree_accepted:
             self.tree_accepted[p.name] = {b: expected_tokens(TreeShape.for_budget(b).depth, self.alpha0) - 1
                                           for b in self.tree_budgets}
         return self.tree_accepted[p.name]
+
+    def _tree_tokens(self, p: Proposer, n_nodes: int) -> float:
+        """Expected committed tokens of a tree round of ``n_nodes`` (accepted EWMA + 1; optimistic at first)."""
+        acc = self._tree_accepted(p)
+        if n_nodes not in acc:
+            acc[n_nodes] = expected_tokens(TreeShape.for_budget(n_nodes).depth, self.alpha0) - 1
+        return acc[n_nodes] + 1
 
     def observe_confidence(self, top1: float) -> None:
         """The target's top-1 probability (temperature 1) at a plain step."""
@@ -202,7 +222,7 @@ class AdaptiveK(KPolicy):
         return self.latency_budget_ms is None or self._high_ms(p, k) + extra_ms <= self.latency_budget_ms
 
     def _best(self, p: Proposer, ks, catchup_ms: float = 0.0, remaining: float = 128.0,
-              with_catchup: bool = False) -> tuple[int, float]:
+              with_catchup: bool = False, match: int = 0) -> tuple[int, float]:
         """(K, predicted tokens/ms) for ``p`` over ``ks`` whose round (``with_catchup``: plus the catch-up)
         fits the budget; (0, -1) if none.
 
@@ -212,7 +232,7 @@ class AdaptiveK(KPolicy):
             if not self._fits(p, k, catchup_ms if with_catchup else 0.0):
                 continue
             t = self.predicted_ms(p, k)
-            tokens = self._tree_accepted(p)[k] + 1 if p.tree else expected_tokens(k, self.alpha(p))
+            tokens = self._tree_tokens(p, k) if p.tree else expected_tokens(k, self.alpha(p, match))
             rate = tokens / (t + catchup_ms * tokens / remaining)
             if rate > best[1]:
                 best = (k, rate)
@@ -237,12 +257,14 @@ class AdaptiveK(KPolicy):
         for o in situation.offers:
             if o.proposer.uses_draft:
                 options.append((o.proposer, *self._best(o.proposer, self._sizes(o.proposer), catchup, remaining)))
+        self._offered_match = {o.proposer.name: o.match for o in situation.offers}
         for o in free:
-            p, top = o.proposer, min(o.limit, self.k_max)
+            p, top = o.proposer, min(o.limit, self.free_k_max)
             if not self.rounds.get(p.name) and o.limit >= 2 and self._fits(p, top):
                 self.plain_run = 0  # never tried: one try costs only the extra verified rows, so learn its alpha
-                return self._plan(p, top)
-            options.append((p, *self._best(p, range(1, top + 1))))
+                return self._plan(p, min(top, self.k_max))
+            sizes = sorted({min(b, o.limit) for b in self.tree_budgets}) if p.tree else range(1, top + 1)
+            options.append((p, *self._best(p, sizes, match=o.match)))
         p, k, rate = max(options, key=lambda o: o[2], default=(None, 0, -1.0))
         # must beat plain decoding by a margin; a larger one when it means paying a catch-up now (a sure cost
         # against a gain that rests on estimates of acceptance and of the answer's length)
@@ -304,14 +326,15 @@ class AdaptiveK(KPolicy):
         self._ratio(p.name, ratio)
         self.overhead[p.name] = 0.7 * self.overhead.get(p.name, 1.0) + 0.3 * ratio
         if p.tree:
+            self.rounds[p.name] = self.rounds.get(p.name, 0) + 1
             acc = self._tree_accepted(p)
-            if k in acc:
-                acc[k] = 0.8 * acc[k] + 0.2 * r.accepted
+            acc[k] = 0.8 * (acc[k] if k in acc else self._tree_tokens(p, k) - 1) + 0.2 * r.accepted
             return
         self.rounds[p.name] = self.rounds.get(p.name, 0) + 1
-        c = self._counts(p)
-        c[0] = self.decay * c[0] + r.accepted
-        c[1] = self.decay * c[1] + int(r.accepted < k)
+        match = self._offered_match.get(p.name, 0)
+        for c in [self._counts(p)] + ([self._counts(p, match)] if match > 0 else []):
+            c[0] = self.decay * c[0] + r.accepted
+            c[1] = self.decay * c[1] + int(r.accepted < k)
 
     def _ratio(self, key: str | None, r: float) -> None:
         self.ratios[key] = (self.ratios.get(key, []) + [r])[-16:]

@@ -124,7 +124,9 @@ def run_one(dec: SpecDecoder, mode: Mode, prompt: Prompt, max_new_tokens: int, t
     s = stats
     rec = {
         "class": prompt.cls, "mode": mode.name, "prompt_tokens": len(ids), "new_tokens": s.new_tokens,
-        "ttft_ms": first_ms, "wall_ms": s.wall_ms, "e2e_tok_s": s.tokens_per_s, "decode_tok_s": s.decode_tokens_per_s,
+        "ttft_ms": first_ms, "prefill_ms": s.prefill_ms,
+        "prefill_tok_s": len(ids) / (s.prefill_ms / 1e3) if s.prefill_ms > 0 else 0.0, "wall_ms": s.wall_ms,
+        "e2e_tok_s": s.tokens_per_s, "decode_tok_s": s.decode_tokens_per_s,
         "itl_p50_ms": _pct(gaps, 50), "itl_p95_ms": _pct(gaps, 95), "rounds": s.rounds,
         "alpha": s.alpha if options.proposers else None,
         "proposers": {name: asdict(ps) for name, ps in s.proposers.items()}, "accepted_per_target_run": s.accepted / s.rounds if s.rounds else 0.0,
@@ -221,7 +223,8 @@ def predicted_speedups(curve: dict, summary: dict) -> dict:
 
 def run_bench(export_dir: str | Path, modes: list[str], prompts: list[Prompt], max_new_tokens: int = 128,
               temperature: float = 0.0, seed: int = 0, provider: str = "cpu", threads: int | None = None,
-              cost: bool = False, progress: bool = True, sessions: bool = True, repeats: int = 1) -> dict:
+              cost: bool = False, progress: bool = True, sessions: bool = True, repeats: int = 1,
+              provider_options: dict | None = None) -> dict:
     """Run every mode on every prompt; returns the whole result (runs, summary, machine, settings).
 
     ``sessions``: an adaptive mode keeps one controller across the prompts of a class, as ``edgespec chat``
@@ -234,7 +237,8 @@ def run_bench(export_dir: str | Path, modes: list[str], prompts: list[Prompt], m
     for an even count) (short answers of a
     few hundred ms vary by ±15% between runs here)."""
     parsed = [Mode.parse(m) for m in modes]
-    spec = SpecDecoder.load(export_dir, provider=provider, threads=threads, shared_thread_pool=True)
+    spec = SpecDecoder.load(export_dir, provider=provider, threads=threads, shared_thread_pool=True,
+                            provider_options=provider_options)
     rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     for proposers in ((), ("draft",)):  # warm-up: first runs allocate
         spec.generate("Hello", max_new_tokens=4, k=2, proposers=proposers).run()
@@ -272,7 +276,8 @@ def run_bench(export_dir: str | Path, modes: list[str], prompts: list[Prompt], m
     result = {
         "export": str(export_dir), "modes": modes, "max_new_tokens": max_new_tokens, "temperature": temperature,
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": _cpus(),
-                    "provider": provider, "threads": threads},
+                    "provider": spec.target.provider, "provider_requested": provider,
+                    "provider_options": provider_options or {}, "threads": threads},
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_after_load_mb": rss_loaded,
         "controller_sessions": sessions, "runs": runs, "skipped_prompts": skipped, "summary": summarize(runs, modes),
     }

@@ -55,6 +55,14 @@ def _pos_int(s: str) -> int:
     return _checked_int(s, "an integer ≥ 1", lambda v: v >= 1)
 
 
+def _contexts(s: str) -> list[int]:
+    """Comma-separated context lengths, each ≥ 1, e.g. ``128,1024,2048,3500``."""
+    parts = [x.strip() for x in s.split(",") if x.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token counts, got {s!r}")
+    return [_checked_int(x, "token counts ≥ 1 (e.g. 128,1024)", lambda v: v >= 1) for x in parts]
+
+
 def _temperature(s: str) -> float:
     return _checked_float(s, "a finite number ≥ 0", lambda v: v >= 0)
 
@@ -81,14 +89,24 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=_nonneg_int, default=None, help="fixed draft length K (default: adaptive)")
     p.add_argument("--latency-budget-ms", type=_latency_ms, default=None,
                    help="keep each round's predicted time under this many ms (adaptive K)")
-    p.add_argument("--mode", choices=("spec", "lookup", "plain"), default="spec",
-                   help="spec: draft model; lookup: prompt lookup only; plain: target only")
+    p.add_argument("--mode", choices=("spec", "lookup", "suffix", "plain"), default="spec",
+                   help="spec: draft model; lookup: prompt lookup only; suffix: suffix trees only; plain: target only")
     p.add_argument("--tree", action="store_true", help="token trees (with --k: the node budget)")
     p.add_argument("--lookup", action="store_true", help="prompt lookup first, the draft model when it has no match")
+    p.add_argument("--suffix", action="store_true",
+                   help="suffix trees over the conversation and earlier answers first (SuffixDecoding)")
     p.add_argument("--draft-p-min", type=_probability, default=None,
                    help="stop drafting when the draft's top probability falls below this")
-    p.add_argument("--provider", default="cpu", help="execution provider: cpu, xnnpack, qnn, nnapi, … (default cpu)")
-    p.add_argument("--threads", type=_pos_int, default=None, help="onnxruntime intra-op threads")
+    _add_provider_options(p)
+    p.add_argument("--threads", type=_pos_int, default=None, help="onnxruntime intra-op threads (CPU provider)")
+
+
+def _add_provider_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--provider", default="cpu",
+                   help="execution provider: cpu, xnnpack, qnn, nnapi, coreml, openvino, … (default cpu); "
+                        "CPU with a notice when it is missing or rejects a graph")
+    p.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of the execution provider, e.g. backend_path=libQnnHtp.so (repeatable)")
 
 
 _COMMANDS = ("export", "chat", "generate", "bench", "eval", "info")
@@ -130,15 +148,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="plain vs speculative modes on a prompt set: JSON + PNG")
     p.add_argument("dir", nargs="?", help="export directory (default: the default pair)")
-    p.add_argument("--modes", default="plain,k1,k2,k4,k6,adaptive",
-                   help="comma-separated: plain, k<K>, adaptive, adaptive@<ms> (default %(default)s)")
+    p.add_argument("--modes", default=None,
+                   help="comma-separated: plain, k<K>, adaptive, adaptive@<ms> (default plain,k1,k2,k4,k6,adaptive; "
+                        "with --context plain,adaptive)")
+    p.add_argument("--context", type=_contexts, default=None,
+                   help="context sweep instead of the prompt set: decode and prefill tok/s after pasts of these "
+                        "lengths, e.g. 128,1024,2048,3500")
+    p.add_argument("--also", action="append", default=[], metavar="DIR",
+                   help="with --context: another export measured side by side in the same run (repeatable)")
     p.add_argument("--latency-budget-ms", type=_latency_ms, default=None, help="also run adaptive@<this budget>")
     p.add_argument("--prompts", help="prompt file (JSON lines {class, prompt} or one prompt per line)")
     p.add_argument("--per-class", type=_pos_int, default=None, help="built-in prompts per class (default all)")
     p.add_argument("--max-new-tokens", type=_pos_int, default=128)
     p.add_argument("--temperature", type=_temperature, default=0.0)
     p.add_argument("--seed", type=_int, default=0)
-    p.add_argument("--provider", default="cpu")
+    _add_provider_options(p)
     p.add_argument("--threads", type=_pos_int, default=None)
     p.add_argument("--cost-curve", action="store_true",
                    help="also measure t(N)/t(1), c, and the speedup Leviathan et al.'s formula predicts")
@@ -158,12 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=_pos_int, default=4)
     p.add_argument("--draws", type=_pos_int, default=300, help="seeds for the first-token sampling check")
     p.add_argument("--ll-samples", type=_pos_int, default=8, help="sampled texts per mode for the likelihood")
-    p.add_argument("--provider", default="cpu")
+    _add_provider_options(p)
     p.add_argument("--out", default=None, help="also write the JSON result to this file")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("info", help="print an export's manifest and validation figures")
     p.add_argument("dir", nargs="?")
+    _add_provider_options(p)
     p.add_argument("--json", action="store_true")
     return parser
 
@@ -180,7 +205,7 @@ def _export_dir(arg: str | None, auto_export: bool) -> Path:
         print(f"edgespec: the default pair {paths.DEFAULT_PAIR} is not exported yet; exporting it to {d} "
               "(once; takes several minutes)", file=sys.stderr)
         try:
-            from edgespec_export import export_pair
+            from edgespec.export import export_pair
         except ImportError:
             raise EdgespecError(_NO_EXPORTER) from None
         export_pair(None, None)
@@ -189,7 +214,7 @@ def _export_dir(arg: str | None, auto_export: bool) -> Path:
 
 def _cmd_export(a) -> int:
     try:
-        from edgespec_export import ExportOptions, export_pair
+        from edgespec.export import ExportOptions, export_pair
     except ImportError:
         raise EdgespecError(_NO_EXPORTER) from None
     fmt = {} if a.graph_format is None else {"graph_format": a.graph_format}
@@ -201,22 +226,29 @@ def _cmd_export(a) -> int:
         if target or draft:
             raise EdgespecError("give either a pair recipe or --target/--draft, not both")
         target = a.pair
-        import edgespec_models
+        from edgespec import models
 
-        if a.pair not in edgespec_models.available():
-            raise EdgespecError(f"unknown pair recipe {a.pair!r} (known: {', '.join(edgespec_models.available())})")
+        if a.pair not in models.available():
+            raise EdgespecError(f"unknown pair recipe {a.pair!r} (known: {', '.join(models.available())})")
     out = export_pair(target, draft, a.out, t, d)
     print(out)
     return 0
 
 
 def _cmd_info(a) -> int:
+    from onnxruntime import get_available_providers as available_providers
+
     from .manifest import load_manifest
+    from .onnx_model import parse_provider_options, resolve_provider, short_provider_name
 
     d = _export_dir(a.dir, auto_export=False)
     m = load_manifest(d)
+    full, why = resolve_provider(a.provider)
+    parse_provider_options(a.provider_option)
+    provider = {"requested": a.provider, "used": short_provider_name(full), "fallback_reason": why,
+                "available": [short_provider_name(p) for p in available_providers()]}
     if a.json:
-        print(m.to_json())
+        print(json.dumps({**json.loads(m.to_json()), "execution_provider": provider}))
         return 0
     print(f"{m.name}  ({d})")
     for role in ("target", "draft"):
@@ -225,7 +257,7 @@ def _cmd_info(a) -> int:
         print(f"{role}: {g.architecture}, {g.num_layers} layers, {g.num_kv_heads} KV heads × {g.head_dim}, "
               f"logits {g.vocab_size}, {q.precision}"
               + (f" (block {q.block_size}, accuracy level {q.accuracy_level})" if q.block_size else "")
-              + f", lm_head {q.lm_head_bits} bits")
+              + f", lm_head {q.lm_head_bits} bits, graph format {g.graph_format}")
         print(f"  source: {g.source}  sha256 {g.source_sha256[:16]}…")
         v = g.validation.get("fp32", {})
         if v:
@@ -237,26 +269,35 @@ def _cmd_info(a) -> int:
                   f"positions, max|Δ logit| {qv['max_abs_logit_error']:.2f}")
     st = m.special_tokens
     print(f"stop tokens: {list(st.stop)}; eos {st.eos}; context {min(m.target.context_length, m.draft.context_length)}")
+    print(f"execution provider: {provider['used']}" + (f" ({why})" if why else
+                                                       f" (available here: {', '.join(provider['available'])})"))
     return 0
+
+
+def _provider_options(a) -> dict:
+    from .onnx_model import parse_provider_options
+
+    return parse_provider_options(a.provider_option)
 
 
 def _load(a):
     from .decoder import SpecDecoder
 
     d = _export_dir(a.dir, auto_export=True)
-    return SpecDecoder.load(d, provider=a.provider, threads=a.threads, load_draft=a.mode == "spec",
+    return SpecDecoder.load(d, provider=a.provider, provider_options=_provider_options(a), threads=a.threads,
+                            load_draft=a.mode == "spec",
                             shared_thread_pool=True)
 
 
 def _proposers(a) -> tuple[str, ...]:
-    """--mode/--lookup/--tree as proposers in priority order: a fixed-size tree replaces the draft chain, an
-    adaptive one is offered beside it."""
+    """--mode/--suffix/--lookup/--tree as proposers in priority order: a fixed-size tree replaces the draft
+    chain, an adaptive one is offered beside it."""
     if a.mode == "plain":
         return ()
-    if a.mode == "lookup":
-        return ("lookup",)
+    if a.mode in ("lookup", "suffix"):
+        return (a.mode,)
     chain = (("tree",) if a.k is not None else ("draft", "tree")) if a.tree else ("draft",)
-    return (("lookup",) if a.lookup else ()) + chain
+    return (("suffix",) if a.suffix else ()) + (("lookup",) if a.lookup else ()) + chain
 
 
 def _k_policy(a, decoder):
@@ -315,7 +356,11 @@ def _write_json(path: Path, data) -> None:
 def _cmd_bench(a) -> int:
     from .bench import Mode, format_bench, plot, run_bench
 
-    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    if a.context is not None:
+        return _cmd_context_sweep(a)
+    if a.also:
+        raise EdgespecError("--also needs --context")
+    modes = [m.strip() for m in (a.modes or "plain,k1,k2,k4,k6,adaptive").split(",") if m.strip()]
     if a.latency_budget_ms is not None:
         modes.append(f"adaptive@{a.latency_budget_ms:g}")
     for m in modes:
@@ -329,6 +374,7 @@ def _cmd_bench(a) -> int:
     if not json_out.parent.is_dir():
         raise EdgespecError(f"{json_out.parent}: no such directory for --out")
     result = run_bench(d, modes, prompts, a.max_new_tokens, a.temperature, a.seed, a.provider, a.threads,
+                       provider_options=_provider_options(a),
                        cost=a.cost_curve, progress=not a.json, sessions=not a.new_controller_per_prompt, repeats=a.repeats)
     result["command"] = "edgespec " + " ".join(sys.argv[1:])
     _write_json(json_out, result)
@@ -344,13 +390,41 @@ def _cmd_bench(a) -> int:
     return 0
 
 
+def _cmd_context_sweep(a) -> int:
+    from .bench import Mode
+    from .context_bench import context_sweep, format_sweep, plot_sweep
+
+    modes = [m.strip() for m in (a.modes or "plain,adaptive").split(",") if m.strip()]
+    for m in modes:
+        Mode.parse(m)
+    dirs = [_export_dir(a.dir, auto_export=False)] + [_export_dir(d, auto_export=False) for d in a.also]
+    base = next((a.out[:-len(x)] for x in (".json", ".png") if a.out.endswith(x)), a.out)
+    json_out, png_out = Path(base + ".json"), Path(base + ".png")
+    if not json_out.parent.is_dir():
+        raise EdgespecError(f"{json_out.parent}: no such directory for --out")
+    try:
+        result = context_sweep(dirs, a.context, modes, a.max_new_tokens, a.provider, a.threads, a.repeats)
+    except ValueError as e:
+        raise EdgespecError(str(e)) from None
+    result["command"] = "edgespec " + " ".join(sys.argv[1:])
+    _write_json(json_out, result)
+    try:
+        plot_sweep(result, png_out)
+    except ImportError:
+        print("edgespec: matplotlib is not installed: no plot (pip install 'edgespec[bench]')", file=sys.stderr)
+    print(json.dumps(result) if a.json else format_sweep(result))
+    if not a.json:
+        print(f"wrote {json_out} and {png_out}")
+    return 0
+
+
 def _cmd_eval(a) -> int:
     from .decoder import SpecDecoder
     from .evaluate import run_eval
 
     prompts = _prompt_set(a)
     d = _export_dir(a.dir, auto_export=False)
-    dec = SpecDecoder.load(d, provider=a.provider, shared_thread_pool=True)
+    dec = SpecDecoder.load(d, provider=a.provider, provider_options=_provider_options(a), shared_thread_pool=True)
     r = run_eval(dec, prompts, a.max_new_tokens, a.k, a.draws, a.ll_samples, progress=not a.json)
     r["command"] = "edgespec " + " ".join(sys.argv[1:])
     if a.out:

@@ -13,9 +13,9 @@ from typing import Iterator
 import numpy as np
 
 from .generation import Generation, GenerationOptions
-from .kpolicy import FixedK, KPolicy, Offer, RoundPlan, RoundResult, Situation
+from .kpolicy import FixedK, KPolicy, RoundPlan, RoundResult, Situation
 from .manifest import Manifest, load_manifest
-from .onnx_model import KVCache, OnnxLM, use_shared_thread_pool
+from .onnx_model import CPU, KVCache, OnnxLM, resolve_provider, use_shared_thread_pool
 from .proposers import Proposer, resolve
 from .sampling import (SamplingParams, accept_reject, greedy_accept, probs, sample, top1_probability,
                        verify_tree)
@@ -56,19 +56,22 @@ class SpecDecoder:
     @classmethod
     def load(cls, export_dir: str | Path, provider: str = "cpu", threads: int | None = None,
              context_length: int | None = None, load_draft: bool = True,
-             shared_thread_pool: bool = False) -> "SpecDecoder":
+             shared_thread_pool: bool = False, provider_options: dict | None = None) -> "SpecDecoder":
         """Open an export directory written by ``edgespec export``.
 
         ``load_draft=False`` gives a target-only decoder (plain decoding or proposers without a model).
         ``shared_thread_pool=True`` calls :func:`~edgespec.onnx_model.use_shared_thread_pool` first (faster;
-        changes how every later onnxruntime session of the process must be created).
+        changes how every later onnxruntime session of the process must be created; CPU only).
+        ``provider`` (``cpu``, ``xnnpack``, ``qnn``, ``openvino``, …) with ``provider_options`` (str → str) runs
+        both graphs there; one that is missing or rejects a graph falls back to CPU with a one-line notice
+        (see :func:`~edgespec.onnx_model.open_session`); ``target.provider`` tells which one runs.
 
         Raises:
-            EdgespecError: not a complete export, or the execution provider is unavailable.
+            EdgespecError: not a complete export, or an unknown execution provider.
         """
         export_dir = Path(export_dir)
         m = load_manifest(export_dir)
-        if shared_thread_pool:
+        if shared_thread_pool and resolve_provider(provider)[0] == CPU:
             use_shared_thread_pool(threads)
         tok = load_tokenizer(export_dir / m.tokenizer)
         template = None
@@ -76,8 +79,8 @@ class SpecDecoder:
             bos = tok.id_to_token(m.special_tokens.bos) if m.special_tokens.bos is not None else ""
             template = ChatTemplate((export_dir / m.chat_template).read_text(), bos or "",
                                     tok.id_to_token(m.special_tokens.eos) or "")
-        target = OnnxLM(m.target, export_dir, provider, threads)
-        draft = OnnxLM(m.draft, export_dir, provider, threads) if load_draft else None
+        target = OnnxLM(m.target, export_dir, provider, threads, provider_options)
+        draft = OnnxLM(m.draft, export_dir, provider, threads, provider_options) if load_draft else None
         ctx = min(m.target.context_length, m.draft.context_length)
         if context_length is not None:
             ctx = min(ctx, context_length)
@@ -281,6 +284,7 @@ class SpecDecoder:
         stats = stats if stats is not None else GenerationStats()
         policy = policy if policy is not None else FixedK(o.k, o.n_nodes)
         stats.latency_budget_ms = policy.latency_budget_ms
+        stats.provider = self.target.provider
         drafts = any(p.uses_draft for p in proposers)
         stats.mode = "spec" if drafts else "+".join(p.name for p in proposers) or "plain"
         return self._generate(list(input_ids), o, proposers, policy, stats)
@@ -292,7 +296,7 @@ class SpecDecoder:
             return RoundPlan()
         L = len(self.tokens) - 1
         lag = L + 1 - self.dcache.length if self.dcache is not None else 0
-        offers = tuple(Offer(p, p.limit(self.tokens, cap)) for p in proposers)
+        offers = tuple(p.offer(self, cap) for p in proposers)
         plan = policy.choose(Situation(offers, lag, remaining))
         if plan.proposer is not None and plan.proposer not in proposers:
             return RoundPlan()  # asked for a source this generation does not use

@@ -18,10 +18,12 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Offer:
     """A proposer available this round and ``limit``, the most tokens it can propose now (0: nothing, e.g.
-    prompt lookup without a match)."""
+    prompt lookup without a match). ``match`` describes the proposal's quality where the proposer knows it
+    (prompt lookup: the matched n-gram's length; 0: none); a policy may track acceptance per ``match``."""
 
     proposer: "Proposer"
     limit: int
+    match: int = 0
 
 
 @dataclass(frozen=True)

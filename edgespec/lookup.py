@@ -16,8 +16,15 @@ def ngram_lookup(tokens: list[int], k: int, max_ngram: int = 4, min_ngram: int =
     """Up to ``k`` token ids continuing the longest suffix n-gram (``max_ngram`` down to ``min_ngram``) of
     ``tokens`` that also occurs earlier in the last ``window`` tokens; the most recent occurrence wins.
     Returns [] when there is no match."""
+    return ngram_match(tokens, k, max_ngram, min_ngram, window)[0]
+
+
+def ngram_match(tokens: list[int], k: int, max_ngram: int = 4, min_ngram: int = 2,
+                window: int = 4096) -> tuple[list[int], int]:
+    """:func:`ngram_lookup`'s continuation and the length n of the matched suffix n-gram (0: no match): a
+    longer match predicts a longer accepted run, so the adaptive controller tracks acceptance per n."""
     if k <= 0 or len(tokens) <= min_ngram:
-        return []
+        return [], 0
     arr = np.asarray(tokens[-window:], dtype=np.int64)
     n_tok = len(arr)
     for n in range(min(max_ngram, n_tok - 1), min_ngram - 1, -1):
@@ -26,5 +33,5 @@ def ngram_lookup(tokens: list[int], k: int, max_ngram: int = 4, min_ngram: int =
         starts = np.flatnonzero(arr[: n_tok - n] == suffix[0])
         for s in starts[::-1]:
             if s + n < n_tok and np.array_equal(arr[s:s + n], suffix):
-                return arr[s + n: s + n + k].tolist()
-    return []
+                return arr[s + n: s + n + k].tolist(), n
+    return [], 0

@@ -6,6 +6,7 @@ default to the cache length, so they always equal the number of committed tokens
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -23,22 +24,98 @@ PROVIDERS = {
     "coreml": "CoreMLExecutionProvider",
     "openvino": "OpenVINOExecutionProvider",
     "dml": "DmlExecutionProvider",
+    "azure": "AzureExecutionProvider",
 }
 
 
+CPU = "CPUExecutionProvider"
+_NOTICED: set[str] = set()  # fallback notices already given in this process (one line each)
+
+
 def provider_name(provider: str) -> str:
-    """onnxruntime's name for ``provider`` (short name like ``cpu``/``qnn`` or the full name).
+    """onnxruntime's name for ``provider`` (a short name like ``cpu``/``qnn`` or the full name).
 
     Raises:
-        EdgespecError: the provider is unknown or not in this onnxruntime build.
+        EdgespecError: a provider onnxruntime does not know at all.
     """
     full = PROVIDERS.get(provider.lower(), provider)
+    if full not in ort.get_all_providers():
+        raise EdgespecError(f"unknown execution provider {provider!r} (known: {', '.join(PROVIDERS)})")
+    return full
+
+
+def short_provider_name(full: str) -> str:
+    """``cpu``, ``qnn``, … for onnxruntime's provider name (the name itself if it has no short one)."""
+    return next((k for k, v in PROVIDERS.items() if v == full), full)
+
+
+def resolve_provider(provider: str) -> tuple[str, str | None]:
+    """``(onnxruntime name to try, None)``, or ``(CPUExecutionProvider, why)`` when ``provider`` is not in this
+    onnxruntime build (``why``: a phrase such as "'qnn' is not available in this onnxruntime build (…)").
+
+    Raises:
+        EdgespecError: an unknown provider name.
+    """
+    full = provider_name(provider)
     available = ort.get_available_providers()
     if full not in available:
-        short = [k for k, v in PROVIDERS.items() if v in available]
-        raise EdgespecError(f"execution provider {provider!r} is not available in this onnxruntime "
-                            f"(available: {', '.join(short or available)})")
-    return full
+        return CPU, (f"{provider!r} is not available in this onnxruntime build "
+                     f"(available: {', '.join(short_provider_name(p) for p in available)})")
+    return full, None
+
+
+def parse_provider_options(items) -> dict[str, str]:
+    """Provider options from ``KEY=VALUE`` strings (``--provider-option backend_path=libQnnHtp.so``).
+
+    Raises:
+        EdgespecError: an item without ``=`` or with an empty key.
+    """
+    out = {}
+    for item in items or ():
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise EdgespecError(f"--provider-option expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = value
+    return out
+
+
+def _notice(message: str) -> None:
+    if message not in _NOTICED:
+        _NOTICED.add(message)
+        logging.getLogger("edgespec").warning("edgespec: execution provider %s; running on CPU", message)
+
+
+def open_session(path: Path, provider: str = "cpu", provider_options: dict | None = None,
+                 threads: int | None = None) -> ort.InferenceSession:
+    """An onnxruntime session for the graph at ``path`` on ``provider`` with its ``provider_options`` (str → str,
+    e.g. QNN ``backend_path``, OpenVINO ``device_type``), CPU as the fallback for nodes it does not take.
+
+    If the provider is not in this onnxruntime build, or rejects the graph, the session runs on CPU after a
+    one-line notice (logger ``edgespec``). Thread tuning (:func:`session_options`) applies on CPU only.
+
+    Raises:
+        EdgespecError: an unknown provider name, or a graph onnxruntime cannot load on CPU either.
+    """
+    full, why = resolve_provider(provider)
+    options = {str(k): str(v) for k, v in (provider_options or {}).items()}
+    if full != CPU:
+        try:
+            return ort.InferenceSession(str(path), session_options(threads, cpu=False),
+                                        providers=[(full, options), CPU])
+        except Exception as e:  # onnxruntime raises its own types; a provider may also reject its options
+            why = f"{provider!r} rejected {path.name} ({_first_line(e)})"
+    if why:
+        _notice(why)
+    try:
+        return ort.InferenceSession(str(path), session_options(threads),
+                                    providers=[(CPU, options)] if not why else [CPU])
+    except Exception as e:
+        raise EdgespecError(f"{path}: onnxruntime cannot load this graph ({_first_line(e)})") from None
+
+
+def _first_line(e: Exception) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
 
 
 class KVCache:
@@ -181,14 +258,15 @@ def use_shared_thread_pool(threads: int | None = None) -> bool:
     return True
 
 
-def session_options(threads: int | None = None) -> ort.SessionOptions:
-    """SessionOptions for a graph: the shared pool when enabled, else a per-session pool without spinning."""
+def session_options(threads: int | None = None, cpu: bool = True) -> ort.SessionOptions:
+    """SessionOptions for a graph: the shared pool when enabled, else (``cpu``: for the CPU provider) a
+    per-session pool of ``threads`` without spinning; another provider keeps onnxruntime's thread defaults."""
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if _POOL_THREADS:
         so.use_per_session_threads = False
-    else:
+    elif cpu:
         so.intra_op_num_threads = threads or (os.cpu_count() or 1)
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return so
@@ -203,15 +281,9 @@ class OnnxLM:
     (Qwen2.5-Coder 1.5B/0.5B int4, K=4, greedy), 39 tok/s against 35 speculative, 31 against 28 plain.
     """
 
-    def __init__(self, spec: GraphSpec, export_dir: str | Path, provider: str = "cpu", threads: int | None = None):
-        so = session_options(threads)
-        path = Path(export_dir) / spec.path
-        try:
-            session = ort.InferenceSession(str(path), so, providers=[provider_name(provider)])
-        except EdgespecError:
-            raise
-        except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph types
-            raise EdgespecError(f"{path}: onnxruntime cannot load this graph ({str(e).splitlines()[0]})") from None
+    def __init__(self, spec: GraphSpec, export_dir: str | Path, provider: str = "cpu", threads: int | None = None,
+                 provider_options: dict | None = None):
+        session = open_session(Path(export_dir) / spec.path, provider, provider_options, threads)
         self._setup(spec, session)
         self.export_dir = Path(export_dir)
 
@@ -225,6 +297,7 @@ class OnnxLM:
     def _setup(self, spec: GraphSpec, session: ort.InferenceSession) -> None:
         self.spec = spec
         self.session = session
+        self.provider = short_provider_name(session.get_providers()[0])  # the execution provider in use
         self._past = [n for pair in spec.past_names() for n in pair]
         self._outputs = ["logits"] + [f"present.{i}.{kind}" for i in range(spec.num_layers)
                                       for kind in ("key", "value")]

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from .lookup import ngram_lookup
+from .lookup import ngram_lookup, ngram_match
 from .sampling import SamplingParams, sample
 from .tree import TokenTree, TreeShape, pick_children
 
@@ -58,6 +58,13 @@ class Proposer:
     def limit(self, tokens: list[int], cap: int) -> int:
         """The most tokens this proposer can propose now, at most ``cap`` (0: none)."""
         return cap
+
+    def offer(self, dec: "SpecDecoder", cap: int) -> "Offer":
+        """This round's :class:`~edgespec.kpolicy.Offer` after ``dec.tokens``: :meth:`limit`, and a ``match``
+        where the proposer knows one."""
+        from .kpolicy import Offer
+
+        return Offer(self, self.limit(dec.tokens, cap))
 
     def propose(self, dec: "SpecDecoder", size: int, sp: SamplingParams, rng: np.random.Generator) -> Proposal:
         """Propose up to ``size`` tokens after ``dec.tokens`` (the last one is ``last``, not yet in the target
@@ -202,5 +209,14 @@ class PromptLookup(Proposer):
     def limit(self, tokens, cap) -> int:
         return len(ngram_lookup(tokens, cap))
 
+    def offer(self, dec, cap):
+        from .kpolicy import Offer
+
+        continuation, n = ngram_match(dec.tokens, cap)
+        return Offer(self, len(continuation), n)
+
     def propose(self, dec, size, sp, rng) -> Proposal:
         return Proposal(TokenTree.chain(ngram_lookup(dec.tokens, size)))
+
+
+from . import suffix  # noqa: E402,F401  (registers "suffix": a proposer is one class plus its registration)

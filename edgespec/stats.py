@@ -51,6 +51,7 @@ class GenerationStats:
     wall_ms: float = 0.0
     stop_reason: str = ""
     latency_budget_ms: float | None = None
+    provider: str = ""  # the execution provider the target ran on
 
     def round_latency(self) -> dict:
         """p50/p95 round time (ms) and, with a latency budget, the share of rounds over it."""

@@ -1,4 +1,4 @@
-"""edgespec's exporter (installed as ``edgespec_export`` by the ``edgespec[export]`` extra).
+"""edgespec's exporter (imported as ``edgespec.export``; its dependencies come with the ``edgespec[export]`` extra).
 
 Needs torch, transformers, optimum and onnx; the runtime in :mod:`edgespec` never imports it.
 """

@@ -72,7 +72,7 @@ def _log(msg: str) -> None:
 
 def _resolve(target: str | None, draft: str | None) -> tuple[str, Source, Source]:
     """(pair name, target source, draft source); a recipe name on either side fills the missing side."""
-    import edgespec_models as models
+    from edgespec import models
 
     recipes = models.available()
     if target is None and draft is None:

@@ -1,4 +1,4 @@
-"""Pair recipes: one JSON file per draft/target pair (installed as the ``edgespec_models`` package).
+"""Pair recipes: one JSON file per draft/target pair (imported as ``edgespec.models``).
 
 A recipe names where each model's weights come from and how to export them. Exports never go here: they are
 written to the user cache (see :mod:`edgespec.paths`).

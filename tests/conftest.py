@@ -69,7 +69,7 @@ def tiny_dirs(tmp_path_factory):
 
 
 def _pair(tmp_path_factory, tiny_dirs, name: str, draft: str, graph_format: int | None):
-    from edgespec_export import ExportOptions, export_pair
+    from edgespec.export import ExportOptions, export_pair
 
     out = tmp_path_factory.mktemp("exports") / name
     fp32 = ExportOptions(precision="fp32", **({} if graph_format is None else {"graph_format": graph_format}))

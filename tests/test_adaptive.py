@@ -272,3 +272,28 @@ def test_lookup_mode_never_runs_the_draft_even_if_the_policy_asks(dec):
     dec.reset()
     plain = dec.generate(input_ids=ids, max_new_tokens=30, proposers=()).run()
     assert g.token_ids == plain.token_ids
+
+
+def test_lookup_acceptance_is_tracked_per_match_length():
+    """Long n-gram matches are accepted in full, short ones rejected: the controller takes lookup for a 4-gram
+    match, and longer than a draft chain (up to ``free_k_max``), but not for a 2-gram match."""
+    from edgespec.lookup import ngram_match
+
+    pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=30.0), alpha0=0.6, lookup_alpha0=0.6)
+    lookup = P["lookup"]
+
+    def offer(match, limit=12):
+        return Situation((Offer(lookup, limit, match), Offer(P["draft"], 99)), 1, 1000)
+
+    for _ in range(12):
+        for match, accepted in ((4, 12), (2, 0)):
+            plan = pol.choose(offer(match))
+            k = plan.size if plan.proposer is lookup else 4
+            pol.observe(RoundResult(RoundPlan(lookup, k=k), [0] * (min(accepted, k) + 1), lookup,
+                                    tuple(range(1, k + 1)), min(accepted, k), round_ms=pol._model_ms(lookup, k)))
+    long_plan, short_plan = pol.choose(offer(4)), pol.choose(offer(2))
+    assert long_plan.proposer is lookup and long_plan.size > pol.k_max
+    assert short_plan.proposer is not lookup
+    assert pol.alpha(lookup, 4) > 0.9 and pol.alpha(lookup, 2) < 0.2
+    assert ngram_match([1, 2, 3, 4, 9, 1, 2, 3, 4], 3) == ([9, 1, 2], 4)
+    assert ngram_match([5, 6, 7], 3) == ([], 0)

@@ -106,6 +106,26 @@ def test_eval_on_the_tiny_pair(tiny_export, home, prompts_file):
     assert ll["spec"]["samples"] == ll["plain"]["samples"] == 4
 
 
+def test_context_sweep_runs_two_exports_side_by_side(export_each_format, tiny_export, home, tmp_path):
+    """``--context`` with ``--also``: every (export, length, mode) row, prompts of the asked length, the PNG."""
+    out = tmp_path / "ctx"
+    r = subprocess.run([sys.executable, "-m", "edgespec.cli", "bench", str(tiny_export), "--also",
+                        str(export_each_format), "--context", "120,200", "--max-new-tokens", "8", "--out", str(out)],
+                       capture_output=True, text=True, env=dict(os.environ, EDGESPEC_HOME=str(home)), timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "| export (graph format) | mode | decode after 120 | decode after 200 |" in r.stdout
+    res = json.loads(out.with_suffix(".json").read_text())
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(res["rows"]) == 2 * 2 * 2 and res["modes"] == ["plain", "adaptive"]
+    for row in res["rows"]:
+        assert abs(row["prompt_tokens"] - row["context"]) <= 3  # the source is cut to fit the asked length
+        assert row["decode_tok_s"] > 0 and row["prefill_tok_s"] > 0
+    assert sorted(res["graph_formats"].values())[-1] in (2, 3) and set(res["flat"]) == set(res["exports"])
+    bad = subprocess.run([sys.executable, "-m", "edgespec.cli", "bench", str(tiny_export), "--context", "250"],
+                         capture_output=True, text=True, env=dict(os.environ, EDGESPEC_HOME=str(home)), timeout=600)
+    assert bad.returncode != 0 and bad.stderr.count("\n") == 1 and "exceeds" in bad.stderr
+
+
 BLOCKED = ["tqdm", "matplotlib", "torch", "transformers", "optimum", "onnx", "gguf", "accelerate"]
 
 

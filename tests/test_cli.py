@@ -186,3 +186,18 @@ def test_runtime_imports_without_torch_transformers_or_optimum():
             "print(sorted(m for m in ('torch', 'transformers', 'optimum', 'onnx') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_folder_names_are_the_last_part_of_the_import_names():
+    """export/ imports as edgespec.export, models/ as edgespec.models (the old names still resolve there)."""
+    from pathlib import Path
+
+    import edgespec.export
+    import edgespec.models
+    import edgespec_models
+
+    root = Path(edgespec.__file__).parent.parent
+    assert Path(edgespec.export.__file__).parent == root / "export"
+    assert Path(edgespec.models.__file__).parent == root / "models"
+    assert "qwen2.5-coder-1.5b+0.5b" in edgespec.models.available()
+    assert Path(edgespec_models.__file__) == Path(edgespec.models.__file__)

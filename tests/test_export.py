@@ -77,7 +77,7 @@ def test_tree_mask_is_honoured(tiny_export):
 
 
 def test_llama_family_int8_and_int4(home, tiny_dirs, tmp_path):
-    from edgespec_export import ExportOptions, export_pair
+    from edgespec.export import ExportOptions, export_pair
 
     with pytest.raises(EdgespecError, match="tokenizers differ|disagree"):
         # the llama model shares the tokenizer, so this must pass the pair check: build a mismatch instead
@@ -102,7 +102,7 @@ def test_llama_family_int8_and_int4(home, tiny_dirs, tmp_path):
 
 
 def test_second_export_reuses_the_cache(home, tiny_dirs, tiny_export, tmp_path, capfd):
-    from edgespec_export import ExportOptions, export_pair
+    from edgespec.export import ExportOptions, export_pair
 
     graphs = sorted(p.name for p in (home / "graphs").iterdir())
     fp32 = ExportOptions("fp32")
@@ -113,8 +113,8 @@ def test_second_export_reuses_the_cache(home, tiny_dirs, tiny_export, tmp_path, 
 
 
 def test_interrupted_export_leaves_nothing_loadable(home, tiny_dirs, tmp_path, monkeypatch):
-    import edgespec_export.pipeline as pipeline
-    from edgespec_export import ExportOptions
+    import edgespec.export.pipeline as pipeline
+    from edgespec.export import ExportOptions
 
     def boom(*a, **k):
         raise KeyboardInterrupt
@@ -134,7 +134,7 @@ def test_interrupted_export_leaves_nothing_loadable(home, tiny_dirs, tmp_path, m
 
 
 def test_resolve_model_hub_ids_and_missing_paths(tmp_path, monkeypatch):
-    from edgespec_export import sources
+    from edgespec.export import sources
 
     monkeypatch.setattr(sources, "_hub_reachable", lambda timeout=3.0: True)  # no network in tests
     monkeypatch.chdir(tmp_path)
@@ -149,7 +149,7 @@ def test_resolve_model_hub_ids_and_missing_paths(tmp_path, monkeypatch):
 def test_unreachable_hub_switches_to_offline(monkeypatch):
     import os
 
-    from edgespec_export import sources
+    from edgespec.export import sources
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "")  # restored after the test
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
@@ -160,7 +160,7 @@ def test_unreachable_hub_switches_to_offline(monkeypatch):
 
 @pytest.mark.parametrize("case", ["missing", "not_gguf", "no_config", "bert", "gpt2", "out_not_dir", "out_foreign"])
 def test_bad_input_is_one_clear_error(home, tiny_dirs, tmp_path, case):
-    from edgespec_export import export_pair
+    from edgespec.export import export_pair
 
     target, draft, out = str(tiny_dirs["target"]), str(tiny_dirs["draft"]), tmp_path / "out"
     if case == "missing":
@@ -197,7 +197,7 @@ def test_bad_input_is_one_clear_error(home, tiny_dirs, tmp_path, case):
 def test_pruned_draft_vocabulary(home, tiny_dirs, tmp_path):
     """FR-Spec: the draft head keeps N ids; greedy and sampling stay exact through the id map."""
     from edgespec.decoder import SpecDecoder
-    from edgespec_export import ExportOptions, export_pair
+    from edgespec.export import ExportOptions, export_pair
 
     out = export_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), tmp_path / "pruned",
                       ExportOptions("fp32"), ExportOptions("fp32", vocab_size=300))

@@ -121,7 +121,7 @@ def gguf_file(hf_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gguf_export(home, gguf_file, tmp_path_factory):
-    from edgespec_export import ExportOptions, export_pair
+    from edgespec.export import ExportOptions, export_pair
 
     out = tmp_path_factory.mktemp("gguf_exports") / "pair"
     fp32 = ExportOptions(precision="fp32")
@@ -193,7 +193,7 @@ def test_onnx_logits_match_original_pytorch(gguf_export, hf_model):
     from tokenizers import Tokenizer
 
     from edgespec.manifest import load_manifest
-    from edgespec_export.validate import run_onnx, session
+    from edgespec.export.validate import run_onnx, session
 
     g = load_manifest(gguf_export).target
     tok = Tokenizer.from_file(str(gguf_export / "tokenizer.json"))
@@ -245,7 +245,7 @@ def test_greedy_matches_original_pytorch(gguf_export, hf_model):
 @pytest.mark.parametrize("fraction", [0.5, 0.02])
 def test_truncated_gguf_is_an_edgespec_error(home, gguf_file, tmp_path, fraction):
     from edgespec.errors import EdgespecError
-    from edgespec_export import ExportOptions, export_pair
+    from edgespec.export import ExportOptions, export_pair
 
     data = gguf_file[0].read_bytes()
     bad = tmp_path / "truncated.gguf"
@@ -259,7 +259,7 @@ def test_truncated_gguf_is_an_edgespec_error(home, gguf_file, tmp_path, fraction
 @pytest.mark.parametrize("content", [b"not a gguf file at all\n" * 100, b"", b"GGU"])
 def test_non_gguf_file_is_an_edgespec_error(home, gguf_file, tmp_path, content):
     from edgespec.errors import EdgespecError
-    from edgespec_export import ExportOptions, export_pair
+    from edgespec.export import ExportOptions, export_pair
 
     bad = tmp_path / "model.gguf"
     bad.write_bytes(content)
@@ -274,8 +274,8 @@ def test_gguf_without_token_types(home, hf_dir, tmp_path):
     """``tokenizer.ggml.token_type`` is optional: no repair to do, but no KeyError either."""
     from tokenizers import Tokenizer
 
-    from edgespec_export.load import describe
-    from edgespec_export.sources import resolve_model
+    from edgespec.export.load import describe
+    from edgespec.export.sources import resolve_model
 
     path = tmp_path / "no-types.gguf"
     vocab = write_gguf(hf_dir, path, token_types=False)

@@ -29,7 +29,7 @@ PROMPTS = [
 def real_export():
     """The default pair in the user's cache (exported there once, then reused by every later run)."""
     from conftest import user_home
-    from edgespec_export import export_pair
+    from edgespec.export import export_pair
 
     with user_home():
         d = paths.default_export_dir()
