@@ -1,4 +1,4 @@
-"""``edgespec`` command line: export, chat, generate, info (and bench/eval).
+"""``edgespec`` command line: export, chat, generate, serve, info (and bench/eval).
 
 Every user error ends as one line on stderr and exit code 2 (1 for runtime failures); never a traceback.
 """
@@ -55,6 +55,10 @@ def _pos_int(s: str) -> int:
     return _checked_int(s, "an integer ≥ 1", lambda v: v >= 1)
 
 
+def _checked_port(s: str) -> int:
+    return _checked_int(s, "a port in [1, 65535]", lambda v: 1 <= v <= 65535)
+
+
 def _contexts(s: str) -> list[int]:
     """Comma-separated context lengths, each ≥ 1, e.g. ``128,1024,2048,3500``."""
     parts = [x.strip() for x in s.split(",") if x.strip()]
@@ -109,7 +113,7 @@ def _add_provider_options(p: argparse.ArgumentParser) -> None:
                    help="an option of the execution provider, e.g. backend_path=libQnnHtp.so (repeatable)")
 
 
-_COMMANDS = ("export", "chat", "generate", "bench", "eval", "info")
+_COMMANDS = ("export", "chat", "generate", "serve", "bench", "eval", "info", "voice")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--graph-format", type=int, choices=(2, 3), default=None,
                    help="3: in-place KV cache and fused GroupQueryAttention; 2: the traced graph "
                         "(default: the exporter's, see README)")
+    p.add_argument("--voice", action="store_true",
+                   help="prepare the speech-recognition model of `edgespec voice` (Moonshine) instead of a pair")
 
     p = sub.add_parser("chat", help="interactive chat (streams; /reset /stats /exit)")
     _add_generation_options(p)
@@ -145,6 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", help="the user message (default: read stdin)")
     p.add_argument("--raw", action="store_true", help="no chat template: the prompt is fed as is")
     p.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
+
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the serve extra)")
+    _add_generation_options(p)  # the sampling flags are the defaults of requests that do not set them
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s: loopback only)")
+    p.add_argument("--port", type=_checked_port, default=8080)
+    p.add_argument("--max-queue", type=_nonneg_int, default=8,
+                   help="requests that may wait while one generates; more get 429 (default %(default)s)")
+    p.add_argument("--max-body-bytes", type=_pos_int, default=4 << 20, help="larger request bodies get 413")
 
     p = sub.add_parser("bench", help="plain vs speculative modes on a prompt set: JSON + PNG")
     p.add_argument("dir", nargs="?", help="export directory (default: the default pair)")
@@ -190,6 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", nargs="?")
     _add_provider_options(p)
     p.add_argument("--json", action="store_true")
+
+    from .voice.cli import add_voice_parser
+
+    add_voice_parser(sub)
     return parser
 
 
@@ -217,6 +235,11 @@ def _cmd_export(a) -> int:
         from edgespec.export import ExportOptions, export_pair
     except ImportError:
         raise EdgespecError(_NO_EXPORTER) from None
+    if a.voice:
+        from edgespec.export.voice import prepare_moonshine
+
+        print(prepare_moonshine(a.out))
+        return 0
     fmt = {} if a.graph_format is None else {"graph_format": a.graph_format}
     t = ExportOptions(a.precision, a.block_size, a.accuracy_level, a.lm_head_bits, **fmt)
     d = ExportOptions(a.draft_precision or a.precision, a.block_size, a.accuracy_level, a.lm_head_bits,
@@ -341,6 +364,20 @@ def _cmd_generate(a) -> int:
     return 0
 
 
+def _cmd_serve(a) -> int:
+    try:
+        from . import serve
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise EdgespecError("the server needs the serve extra: pip install -e '.[serve]' in the edgespec checkout "
+                            "(or pip install 'edgespec[serve]')") from None
+    sock = serve.listen(a.host, a.port)  # before loading: a port in use is said at once
+    dec = _load(a)
+    engine = serve.Engine(dec, _gen_kwargs(a, dec), a.max_queue, a.max_new_tokens)
+    return serve.serve(engine, sock, a.max_body_bytes)
+
+
 def _prompt_set(a):
     from . import prompts
 
@@ -460,6 +497,12 @@ def _run(a) -> int:
         return _cmd_eval(a)
     if a.command == "generate":
         return _cmd_generate(a)
+    if a.command == "voice":
+        from .voice.cli import run_voice
+
+        return run_voice(a, _export_dir)
+    if a.command == "serve":
+        return _cmd_serve(a)
     if a.command == "chat":
         from .chat import run_chat
 

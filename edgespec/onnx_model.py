@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -258,9 +259,47 @@ def use_shared_thread_pool(threads: int | None = None) -> bool:
     return True
 
 
-def session_options(threads: int | None = None, cpu: bool = True) -> ort.SessionOptions:
+@dataclass(frozen=True)
+class SessionMemory:
+    """How an onnxruntime session spends memory beyond the weights (issue 17: a 2 GB board).
+
+    - ``cpu_arena``: onnxruntime's BFC arena for activations and outputs. Off, every tensor is malloc'd and
+      freed; on, freed blocks stay in the arena, and the present KV outputs, one size larger each step, keep
+      asking for new blocks.
+    - ``prepacking``: let kernels (MatMulNBits, MatMul) repack constant weights into their own layout at load;
+      faster kernels, a second copy of those weights.
+    - ``mem_pattern``: plan activation buffers from the first run's shapes (helps static shapes only).
+
+    :data:`DEFAULT_MEMORY` is what edgespec uses; ``SessionMemory.named("ort-defaults")`` is onnxruntime's
+    own defaults. Figures: docs/benchmarks.md, "Memory".
+    """
+
+    cpu_arena: bool = True
+    prepacking: bool = True
+    mem_pattern: bool = True
+
+    @staticmethod
+    def named(name: str) -> "SessionMemory":
+        """``ort-defaults`` or ``edgespec`` (:data:`DEFAULT_MEMORY`); raises ValueError for other names."""
+        if name == "ort-defaults":
+            return SessionMemory()
+        if name == "edgespec":
+            return DEFAULT_MEMORY
+        fields = dict(kv.split("=") for kv in name.split("+")) if "=" in name else None
+        if fields is None:
+            raise ValueError(f"unknown session memory setting {name!r} (ort-defaults, edgespec, or k=v+k=v)")
+        return SessionMemory(**{k: v == "1" for k, v in fields.items()})
+
+
+DEFAULT_MEMORY = SessionMemory()
+
+
+def session_options(threads: int | None = None, cpu: bool = True,
+                    memory: SessionMemory | None = None) -> ort.SessionOptions:
     """SessionOptions for a graph: the shared pool when enabled, else (``cpu``: for the CPU provider) a
-    per-session pool of ``threads`` without spinning; another provider keeps onnxruntime's thread defaults."""
+    per-session pool of ``threads`` without spinning; another provider keeps onnxruntime's thread defaults.
+    Memory settings from ``memory`` (default :data:`DEFAULT_MEMORY`)."""
+    memory = memory or DEFAULT_MEMORY
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -269,6 +308,10 @@ def session_options(threads: int | None = None, cpu: bool = True) -> ort.Session
     elif cpu:
         so.intra_op_num_threads = threads or (os.cpu_count() or 1)
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.enable_cpu_mem_arena = memory.cpu_arena
+    so.enable_mem_pattern = memory.mem_pattern
+    if not memory.prepacking:
+        so.add_session_config_entry("session.disable_prepacking", "1")
     return so
 
 

@@ -1,0 +1,21 @@
+/**
+ * edgespec core: the speculative decoding loop of edgespec in TypeScript, on onnxruntime's JavaScript API.
+ * Runs unchanged on onnxruntime-node, onnxruntime-react-native and onnxruntime-web (pass the module as OrtApi).
+ */
+export { AdaptiveK, calibrate, expectedTokens, tVerify, type AdaptiveOptions, type CostModel } from "./adaptive.js";
+export { ChatSession, checkSettings, DEFAULT_SETTINGS, parseCostModel, type ChatSettings } from "./chat.js";
+export { SpecDecoder, PREFILL_CHUNK, type LoadOptions, type Step } from "./decoder.js";
+export { EdgespecError } from "./errors.js";
+export { firstTokenCheck, greedyCheck, NEAR_TIE_LOGIT_GAP } from "./evaluate.js";
+export type { ExportFiles } from "./files.js";
+export { generate, Generation, type Chunk, type GenerateOptions } from "./generation.js";
+export { FixedK, type KPolicy } from "./kpolicy.js";
+export { KVCache } from "./kvcache.js";
+export { GRAPH_FORMAT } from "./manifest.js";
+export { parseManifest, SUPPORTED_FORMATS, MANIFEST_NAME, type Manifest, type GraphSpec } from "./manifest.js";
+export { OnnxLM, Logits } from "./model.js";
+export { openSession, PROVIDERS, type OrtApi, type Provider, type SessionLike } from "./ort.js";
+export { Rng } from "./rng.js";
+export { acceptReject, greedyAccept, probs, sample, samplingParams, type SamplingParams } from "./sampling.js";
+export { GenerationStats } from "./stats.js";
+export { ChatTemplate, IncrementalDetokenizer, TextTokenizer, type ChatMessage } from "./text.js";

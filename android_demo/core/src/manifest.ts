@@ -1,0 +1,175 @@
+/**
+ * The export contract: `edgespec.json` read into typed, frozen data (the TypeScript twin of
+ * edgespec/manifest.py). The core reads manifest format 1 with graph formats 1–3 (a graph's `graph_format`,
+ * absent = 2): 2 adds an optional `logits_keep` input that onnxruntime's JavaScript API cannot feed (the core
+ * slices logits afterwards, as the Python runtime does for format 1); 3 has an in-place KV buffer and fused
+ * attention (see kvcache.ts). Anything else is refused with one clear error.
+ */
+import { EdgespecError } from "./errors.js";
+
+export const MANIFEST_NAME = "edgespec.json";
+/** Manifest `format` values this core reads. */
+export const SUPPORTED_FORMATS: readonly number[] = [1];
+/** The newest graph format (GraphSpec.graph_format) this core reads. */
+export const GRAPH_FORMAT = 3;
+
+/** How a graph's weights were quantized (int4 MatMulNBits, int8 dynamic, or fp32). */
+export interface Quantization {
+  readonly precision: string;
+  readonly block_size: number | null;
+  readonly accuracy_level: number | null;
+  readonly lm_head_bits: number;
+}
+
+/**
+ * One ONNX causal LM graph with KV-cache inputs and outputs. Inputs: `input_ids` int64 (1, T),
+ * `position_ids` int64 (1, T), `attention_mask` bool (1, 1, T, P+T), `past_key_values.{i}.key|value`
+ * float32 (1, kv_heads, P, head_dim). Outputs: `logits` float32 (1, T, vocab_size),
+ * `present.{i}.key|value` float32 (1, kv_heads, P+T, head_dim).
+ */
+export interface GraphSpec {
+  readonly path: string;
+  readonly architecture: string;
+  readonly num_layers: number;
+  readonly num_kv_heads: number;
+  readonly head_dim: number;
+  readonly vocab_size: number;
+  readonly context_length: number;
+  readonly quantization: Quantization;
+  readonly input_names: readonly string[];
+  readonly output_names: readonly string[];
+  /** .npy of int64 target ids, one per output of a pruned draft head (draft only), or null. */
+  readonly kept_token_ids: string | null;
+  /** 1–2: traced graph, KV concatenated per run; 3: past and present are one buffer of capacity C ≥ P+T
+   * (past in its first P rows, P = mask width − T), updated in place; `logits_keep` int64 (1,) is an input. */
+  readonly graph_format: number;
+}
+
+/** Token ids; `stop` ends generation. */
+export interface SpecialTokens {
+  readonly bos: number | null;
+  readonly eos: number;
+  readonly pad: number | null;
+  readonly stop: readonly number[];
+}
+
+export interface Manifest {
+  readonly name: string;
+  readonly format: number;
+  readonly target: GraphSpec;
+  readonly draft: GraphSpec;
+  readonly tokenizer: string;
+  readonly chat_template: string | null;
+  readonly special_tokens: SpecialTokens;
+  readonly edgespec_version: string;
+}
+
+type Kind = "str" | "str?" | "pos" | "nonneg?" | "pos?" | "token" | "token?" | "tokens" | "names" | "object";
+const isInt = (v: unknown): v is number => typeof v === "number" && Number.isInteger(v);
+const KINDS: Record<Kind, [(v: unknown) => boolean, string]> = {
+  "str": [(v) => typeof v === "string", "a string"],
+  "str?": [(v) => v === null || typeof v === "string", "a string or null"],
+  "pos": [(v) => isInt(v) && v > 0, "a positive integer"],
+  "pos?": [(v) => v === null || (isInt(v) && v > 0), "a positive integer or null"],
+  "nonneg?": [(v) => v === null || (isInt(v) && v >= 0), "an integer ≥ 0 or null"],
+  "token": [(v) => isInt(v) && v >= 0, "a token id (an integer ≥ 0)"],
+  "token?": [(v) => v === null || (isInt(v) && v >= 0), "a token id (an integer ≥ 0) or null"],
+  "tokens": [(v) => Array.isArray(v) && v.every((t) => isInt(t) && t >= 0), "a list of token ids"],
+  "names": [(v) => Array.isArray(v) && v.every((t) => typeof t === "string"), "a list of strings"],
+  "object": [(v) => typeof v === "object" && v !== null && !Array.isArray(v), "an object"],
+};
+
+function show(v: unknown): string {
+  const t = JSON.stringify(v) ?? String(v);
+  return t.length <= 40 ? t : t.slice(0, 37) + "...";
+}
+
+/** Check `d` against `{key: [kind, required]}`; returns a copy with the known keys (missing optional: null). */
+function fields(d: unknown, where: string, spec: Record<string, [Kind, boolean]>): Record<string, any> {
+  if (!KINDS.object[0](d)) throw new EdgespecError(`${where || "the manifest"} must be an object, got ${show(d)}`);
+  const src = d as Record<string, unknown>;
+  const out: Record<string, any> = {};
+  for (const [key, [kind, required]] of Object.entries(spec)) {
+    if (!(key in src)) {
+      if (required) throw new EdgespecError(`the "${key}" field is missing${where ? " in " + where : ""}`);
+      out[key] = null;
+      continue;
+    }
+    const [test, what] = KINDS[kind];
+    if (!test(src[key])) throw new EdgespecError(`${where ? where + "." : ""}${key} must be ${what}, got ${show(src[key])}`);
+    out[key] = src[key];
+  }
+  return out;
+}
+
+const GRAPH: Record<string, [Kind, boolean]> = {
+  path: ["str", true], architecture: ["str", true], num_layers: ["pos", true], num_kv_heads: ["pos", true],
+  head_dim: ["pos", true], vocab_size: ["pos", true], context_length: ["pos", true], quantization: ["object", true],
+  input_names: ["names", true], output_names: ["names", true], kept_token_ids: ["str?", false],
+  graph_format: ["pos", false],
+};
+const QUANT: Record<string, [Kind, boolean]> = {
+  precision: ["str", true], block_size: ["pos?", false], accuracy_level: ["nonneg?", false], lm_head_bits: ["pos?", false],
+};
+const SPECIAL: Record<string, [Kind, boolean]> = {
+  bos: ["token?", true], eos: ["token", true], pad: ["token?", true], stop: ["tokens", true],
+};
+const TOP: Record<string, [Kind, boolean]> = {
+  name: ["str", true], target: ["object", true], draft: ["object", true], tokenizer: ["str", true],
+  chat_template: ["str?", true], special_tokens: ["object", true], edgespec_version: ["str", true], format: ["pos", true],
+};
+
+function insideExport(p: string, where: string): string {
+  const parts = p.split(/[\\/]/);
+  if (!p || p.startsWith("/") || /^[A-Za-z]:/.test(p) || parts.includes(".."))
+    throw new EdgespecError(`${where} must be a path inside the export directory, got ${show(p)}`);
+  return p;
+}
+
+function graph(d: unknown, role: string): GraphSpec {
+  const g = fields(d, role, GRAPH);
+  g.graph_format = g.graph_format ?? 2;
+  if (g.graph_format > GRAPH_FORMAT)
+    throw new EdgespecError(`${role}.graph_format is ${g.graph_format}; this edgespec core reads graph formats up to ` +
+      `${GRAPH_FORMAT} (update the app or export again)`);
+  insideExport(g.path, `${role}.path`);
+  if (g.kept_token_ids !== null) insideExport(g.kept_token_ids, `${role}.kept_token_ids`);
+  const q = fields(g.quantization, `${role}.quantization`, QUANT);
+  q.lm_head_bits = q.lm_head_bits ?? 32;
+  const want = ["input_ids", "position_ids", "attention_mask"];
+  for (let i = 0; i < g.num_layers; i++) want.push(`past_key_values.${i}.key`, `past_key_values.${i}.value`);
+  const missing = want.filter((n) => !g.input_names.includes(n));
+  if (missing.length) throw new EdgespecError(`${role}.input_names lacks ${missing.slice(0, 3).join(", ")} (not an edgespec graph)`);
+  return Object.freeze({ ...g, quantization: Object.freeze(q), input_names: Object.freeze([...g.input_names]),
+    output_names: Object.freeze([...g.output_names]) }) as GraphSpec;
+}
+
+/**
+ * Parse and type-check the text of `edgespec.json` (`where` names it in errors).
+ * Throws EdgespecError: not JSON, not an object, no or an unsupported `format`, a missing or wrongly typed field.
+ */
+export function parseManifest(text: string, where: string = MANIFEST_NAME): Manifest {
+  let raw: unknown;
+  try {
+    raw = JSON.parse(text);
+  } catch (e) {
+    throw new EdgespecError(`${where}: unreadable manifest (not valid JSON: ${(e as Error).message})`);
+  }
+  if (!KINDS.object[0](raw)) throw new EdgespecError(`${where}: not an edgespec manifest (expected a JSON object)`);
+  const r = raw as Record<string, unknown>;
+  if (!("format" in r)) throw new EdgespecError(`${where}: not an edgespec manifest (it has no "format" field)`);
+  if (!isInt(r.format) || !SUPPORTED_FORMATS.includes(r.format))
+    throw new EdgespecError(`${where}: manifest format ${show(r.format)}, this edgespec core reads format ` +
+      `${SUPPORTED_FORMATS.join(", ")} (graph formats 1–${GRAPH_FORMAT}); re-export with a matching edgespec or update the app`);
+  try {
+    const m = fields(r, "", TOP);
+    const st = fields(m.special_tokens, "special_tokens", SPECIAL);
+    if (m.chat_template !== null) insideExport(m.chat_template, "chat_template");
+    insideExport(m.tokenizer, "tokenizer");
+    return Object.freeze({ ...m, target: graph(m.target, "target"), draft: graph(m.draft, "draft"),
+      special_tokens: Object.freeze({ ...st, stop: Object.freeze([...st.stop]) }) }) as Manifest;
+  } catch (e) {
+    if (e instanceof EdgespecError) throw new EdgespecError(`${where}: invalid manifest: ${e.message}`);
+    throw e;
+  }
+}

@@ -1,0 +1,109 @@
+/**
+ * Tokenizer, chat template and streaming detokenization (the TypeScript twin of edgespec/text.py), on
+ * `@huggingface/tokenizers` (reads the export's tokenizer.json) and `@huggingface/jinja` (renders its chat
+ * template with Jinja's trim_blocks/lstrip_blocks, as the Python runtime's sandboxed environment).
+ */
+import { Template } from "@huggingface/jinja";
+import { Tokenizer } from "@huggingface/tokenizers";
+import { EdgespecError } from "./errors.js";
+import { firstLine } from "./ort.js";
+
+export interface ChatMessage {
+  role: string;
+  content: string;
+}
+
+/** The export's tokenizer: ids are plain numbers; no special tokens are added on encode. */
+export class TextTokenizer {
+  private readonly tok: Tokenizer;
+
+  /** `json`: the text of tokenizer.json. Throws EdgespecError if the tokenizer library cannot read it. */
+  constructor(json: string, where = "tokenizer.json") {
+    try {
+      this.tok = new Tokenizer(JSON.parse(json), { clean_up_tokenization_spaces: false });
+    } catch (e) {
+      throw new EdgespecError(`${where}: cannot load tokenizer (${firstLine(e)})`);
+    }
+  }
+
+  /** Token ids of `text` (control tokens such as `<|fim_prefix|>` map to their single id). */
+  encode(text: string): number[] {
+    return this.tok.encode(text, { add_special_tokens: false }).ids;
+  }
+
+  /** Text of `ids`; special tokens are dropped unless `skipSpecialTokens` is false. */
+  decode(ids: readonly number[], skipSpecialTokens = true): string {
+    if (!ids.length) return "";
+    return this.tok.decode([...ids], { skip_special_tokens: skipSpecialTokens, clean_up_tokenization_spaces: false });
+  }
+
+  idToToken(id: number): string | undefined {
+    return this.tok.id_to_token(id);
+  }
+
+  tokenToId(token: string): number | undefined {
+    return this.tok.token_to_id(token);
+  }
+}
+
+/** A Hugging Face style Jinja chat template. */
+export class ChatTemplate {
+  private readonly template: Template;
+
+  /** Throws EdgespecError if the template does not parse. */
+  constructor(source: string, readonly bosToken = "", readonly eosToken = "") {
+    try {
+      this.template = new Template(source);
+    } catch (e) {
+      throw new EdgespecError(`cannot parse the chat template (${firstLine(e)})`);
+    }
+  }
+
+  /** The prompt text for `messages`, ending with the assistant's turn header when `addGenerationPrompt`. */
+  render(messages: readonly ChatMessage[], addGenerationPrompt = true): string {
+    try {
+      return this.template.render({
+        messages: messages.map((m) => ({ role: m.role, content: m.content })),
+        add_generation_prompt: addGenerationPrompt, bos_token: this.bosToken, eos_token: this.eosToken,
+      });
+    } catch (e) {
+      throw new EdgespecError(`the chat template refused these messages (${firstLine(e)})`);
+    }
+  }
+}
+
+/**
+ * Turns a growing token list into text pieces without ever emitting a partial UTF-8 character.
+ *
+ * Keeps a short window of already-emitted tokens as context (byte-level BPE decoders depend on neighbours),
+ * decodes window+new, and emits only the part past the already-emitted text once it no longer ends in
+ * U+FFFD. The concatenation of all pieces equals `decode(all tokens)`.
+ */
+export class IncrementalDetokenizer {
+  private ids: number[] = [];
+  private prefix = 0; // start of the context window
+  private read = 0; // tokens whose text has been emitted
+
+  constructor(private readonly tok: TextTokenizer, private readonly skipSpecialTokens = true) {}
+
+  /** Add token ids; returns the newly completed text (possibly empty). */
+  push(ids: readonly number[]): string {
+    this.ids.push(...ids);
+    const done = this.tok.decode(this.ids.slice(this.prefix, this.read), this.skipSpecialTokens);
+    const full = this.tok.decode(this.ids.slice(this.prefix), this.skipSpecialTokens);
+    if (full.length > done.length && !full.endsWith("\ufffd")) {
+      this.prefix = this.read;
+      this.read = this.ids.length;
+      return full.slice(done.length);
+    }
+    return "";
+  }
+
+  /** Whatever is left (a trailing invalid byte sequence decodes as U+FFFD, as in a full decode). */
+  flush(): string {
+    const done = this.tok.decode(this.ids.slice(this.prefix, this.read), this.skipSpecialTokens);
+    const full = this.tok.decode(this.ids.slice(this.prefix), this.skipSpecialTokens);
+    this.prefix = this.read = this.ids.length;
+    return full.slice(done.length);
+  }
+}

@@ -1,0 +1,192 @@
+/** Tier (a): the core's math without an export: PRNG, logits processing, accept/reject, cache, manifest, K. */
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { AdaptiveK, expectedTokens, tVerify } from "../src/adaptive.js";
+import { checkSettings, DEFAULT_SETTINGS, parseCostModel } from "../src/chat.js";
+import { EdgespecError } from "../src/errors.js";
+import { KVCache } from "../src/kvcache.js";
+import { parseManifest } from "../src/manifest.js";
+import { causalMask } from "../src/model.js";
+import { readNpyInt64 } from "../src/npy.js";
+import { Rng } from "../src/rng.js";
+import { acceptReject, greedyAccept, probs, sample, samplingParams } from "../src/sampling.js";
+
+test("Rng: same seed, same stream; uniform in [0, 1)", () => {
+  const a = new Rng(42), b = new Rng(42), c = new Rng(43);
+  const xs = Array.from({ length: 5 }, () => a.random());
+  assert.deepEqual(xs, Array.from({ length: 5 }, () => b.random()));
+  assert.notDeepEqual(xs, Array.from({ length: 5 }, () => c.random()));
+  const r = new Rng(7), bins = new Array(10).fill(0);
+  for (let i = 0; i < 100000; i++) {
+    const u = r.random();
+    assert.ok(u >= 0 && u < 1);
+    bins[Math.floor(u * 10)]++;
+  }
+  for (const n of bins) assert.ok(Math.abs(n - 10000) < 500, `bin count ${n}`);
+});
+
+test("probs: greedy one-hot, temperature softmax, top-k, top-p, width", () => {
+  const row = Float32Array.from([1, 3, 2, 3, 0]);
+  assert.deepEqual([...probs(row, samplingParams())], [0, 1, 0, 0, 0]); // first index on ties
+  const p = probs(row, samplingParams({ temperature: 1 }));
+  const e = [...row].map(Math.exp), s = e.reduce((x, y) => x + y);
+  e.forEach((v, i) => assert.ok(Math.abs(p[i] - v / s) < 1e-12));
+  const k2 = probs(row, samplingParams({ temperature: 1, topK: 2 }));
+  assert.deepEqual([...k2].map((x) => +x.toFixed(6)), [0, 0.5, 0, 0.5, 0]);
+  // top-p 0.5: the two tied maxima hold 0.33 each, so the nucleus is both of them
+  const tp = probs(row, samplingParams({ temperature: 1, topP: 0.5 }));
+  assert.deepEqual([...tp].map((x) => +x.toFixed(6)), [0, 0.5, 0, 0.5, 0]);
+  const tp1 = probs(Float32Array.from([5, 0, 0]), samplingParams({ temperature: 1, topP: 0.9 }));
+  assert.deepEqual([...tp1], [1, 0, 0]);
+  assert.equal(probs(row, samplingParams({ temperature: 1 }), 7).length, 7);
+  assert.equal(probs(row, samplingParams({ temperature: 1 }), 7)[6], 0);
+  for (const bad of [{ temperature: -1 }, { topK: 1.5 }, { topP: 0 }, { topP: 1.5 }, { temperature: NaN }])
+    assert.throws(() => samplingParams(bad), EdgespecError);
+});
+
+test("sample never picks a zero-mass id and follows the distribution", () => {
+  const rng = new Rng(1), d = [0, 0.25, 0, 0.75, 0], c = [0, 0, 0, 0, 0];
+  for (let i = 0; i < 20000; i++) c[sample(d, rng)]++;
+  assert.equal(c[0] + c[2] + c[4], 0);
+  assert.ok(Math.abs(c[3] / 20000 - 0.75) < 0.015);
+});
+
+test("acceptReject: emitted first token is distributed as p (Leviathan et al. 2023, Theorem 1)", () => {
+  const p = [Float64Array.from([0.1, 0.6, 0.3]), Float64Array.from([0.5, 0.25, 0.25])];
+  const q = [Float64Array.from([0.5, 0.2, 0.3])];
+  const rng = new Rng(3), counts = [0, 0, 0], n = 40000;
+  let accepted = 0;
+  for (let i = 0; i < n; i++) {
+    const x = sample(q[0], rng);
+    const [acc, tok] = acceptReject([x], q, p, rng);
+    accepted += acc;
+    counts[acc === 1 ? x : tok]++;
+  }
+  counts.forEach((c, i) => assert.ok(Math.abs(c / n - p[0][i]) < 0.012, `token ${i}: ${c / n} vs ${p[0][i]}`));
+  // acceptance probability is sum_x min(p, q) = 0.1 + 0.2 + 0.3
+  assert.ok(Math.abs(accepted / n - 0.6) < 0.012);
+});
+
+test("acceptReject: q == p accepts everything and draws the bonus from p_{K+1}", () => {
+  const d = Float64Array.from([0.2, 0.8]);
+  const rng = new Rng(5);
+  for (let i = 0; i < 200; i++) {
+    const xs = [sample(d, rng), sample(d, rng)];
+    assert.equal(acceptReject(xs, [d, d], [d, d, Float64Array.from([0, 1])], rng)[0], 2);
+  }
+});
+
+test("greedyAccept: argmax agreement, correction at the first mismatch, bonus after all", () => {
+  const rows = [[0, 5, 1], [9, 0, 0], [0, 0, 2]].map((r) => Float32Array.from(r));
+  assert.deepEqual(greedyAccept([1, 0], rows), [2, 2]);
+  assert.deepEqual(greedyAccept([1, 2], rows), [1, 0]);
+  assert.deepEqual(greedyAccept([0, 0], rows), [0, 1]);
+});
+
+test("KVCache.crop keeps the first n positions of every head", () => {
+  const c = new KVCache(1, 2, 2); // (1, 2 heads, length 3, 2)
+  const t = Float32Array.from([0, 1, 2, 3, 4, 5, 10, 11, 12, 13, 14, 15]);
+  c.set([t, t], 3);
+  c.crop(2);
+  assert.equal(c.length, 2);
+  assert.deepEqual([...c.tensors[0]], [0, 1, 2, 3, 10, 11, 12, 13]);
+  c.crop(5);
+  assert.equal(c.length, 2);
+});
+
+test("KVCache in place (graph format 3): crop is a length change, reserve doubles and keeps the rows", () => {
+  const c = new KVCache(1, 2, 1, true, 2000);
+  c.reserve(3);
+  assert.equal(c.capacity, 512);
+  c.tensors[0][0] = 7; // head 0, row 0
+  c.tensors[0][512 + 2] = 9; // head 1, row 2
+  c.length = 3;
+  c.crop(2);
+  assert.equal(c.length, 2);
+  assert.equal(c.capacity, 512);
+  c.length = 3;
+  c.reserve(1500);
+  assert.equal(c.capacity, 1600 > 2000 ? 0 : 2000);
+  assert.equal(c.tensors[0][0], 7);
+  assert.equal(c.tensors[0][2000 + 2], 9);
+  assert.throws(() => c.reserve(2001), /longer than the model's 2000/);
+});
+
+test("causalMask: past visible, new keys up to the query", () => {
+  assert.deepEqual([...causalMask(1, 2)], [1, 1, 0, 1, 1, 1]);
+});
+
+const manifest = (over: Record<string, unknown> = {}) => {
+  const g = { path: "target/model.onnx", architecture: "qwen2", num_layers: 1, num_kv_heads: 2, head_dim: 4,
+    vocab_size: 10, context_length: 32, quantization: { precision: "fp32" }, source: "s", source_sha256: "x",
+    input_names: ["input_ids", "position_ids", "attention_mask", "past_key_values.0.key", "past_key_values.0.value"],
+    output_names: ["logits", "present.0.key", "present.0.value"] };
+  return JSON.stringify({ name: "n", format: 1, target: g, draft: { ...g, path: "draft/model.onnx" }, tokenizer: "tokenizer.json",
+    chat_template: null, special_tokens: { bos: null, eos: 2, pad: 0, stop: [2] }, tokenizer_sha256: "y",
+    edgespec_version: "0.1.0", ...over });
+};
+
+test("manifest: format 1 reads; other formats, bad JSON and bad fields give one clear error", () => {
+  assert.equal(parseManifest(manifest()).target.num_layers, 1);
+  assert.throws(() => parseManifest(manifest({ format: 3 })), /manifest format 3, this edgespec core reads format 1/);
+  assert.throws(() => parseManifest(manifest({ format: 2 })), /manifest format 2/);
+  const g4 = JSON.parse(manifest());
+  g4.draft.graph_format = 4;
+  assert.throws(() => parseManifest(JSON.stringify(g4)), /draft\.graph_format is 4; this edgespec core reads graph formats up to 3/);
+  g4.draft.graph_format = 3;
+  assert.equal(parseManifest(JSON.stringify(g4)).draft.graph_format, 3);
+  assert.equal(parseManifest(manifest()).target.graph_format, 2);
+  assert.throws(() => parseManifest("{"), /not valid JSON/);
+  assert.throws(() => parseManifest("[]"), /not an edgespec manifest/);
+  assert.throws(() => parseManifest(JSON.stringify({ name: "x" })), /no "format" field/);
+  assert.throws(() => parseManifest(manifest({ tokenizer: "../etc/passwd" })), /inside the export directory/);
+  assert.throws(() => parseManifest(manifest({ special_tokens: { bos: null, eos: -1, pad: 0, stop: [] } })), /eos must be a token id/);
+  assert.throws(() => parseManifest(manifest({ draft: 5 })), /invalid manifest/);
+});
+
+test("npy reader: int64 ids; refuses other dtypes", () => {
+  const header = "{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }".padEnd(117, " ") + "\n";
+  const bytes = new Uint8Array(10 + header.length + 24);
+  bytes.set([0x93, 0x4e, 0x55, 0x4d, 0x50, 0x59, 1, 0]);
+  new DataView(bytes.buffer).setUint16(8, header.length, true);
+  bytes.set(new TextEncoder().encode(header), 10);
+  const dv = new DataView(bytes.buffer, 10 + header.length);
+  [7n, 151659n, 0n].forEach((v, i) => dv.setBigInt64(8 * i, v, true));
+  assert.deepEqual([...readNpyInt64(bytes, "k.npy")], [7, 151659, 0]);
+  bytes.set(new TextEncoder().encode("'<f8'"), 10 + 10);
+  assert.throws(() => readNpyInt64(bytes, "k.npy"), /int64/);
+});
+
+test("expectedTokens and the cost model (Leviathan et al. 2023, eq. 1)", () => {
+  assert.equal(expectedTokens(3, 1), 4);
+  assert.ok(Math.abs(expectedTokens(2, 0.5) - 1.75) < 1e-12);
+  const cost = { verifyMs: [100, 110, 120], draftMs: 10, draftPrefillMs: 1 };
+  assert.equal(tVerify(cost, 2), 110);
+  assert.equal(tVerify(cost, 5), 140);
+});
+
+test("AdaptiveK: speculates when it pays, plain when acceptance collapses, a latency budget caps K", () => {
+  const cost = { verifyMs: [100, 105, 110, 115, 120, 125, 130], draftMs: 10, draftPrefillMs: 1 };
+  const a = new AdaptiveK(cost, { kMax: 6 });
+  a.begin();
+  const k = a.choose(1, 100);
+  assert.ok(k >= 2, `K ${k}`);
+  for (let i = 0; i < 12; i++) a.observe(k, 0, 10, 170, 0, 0); // nothing accepted
+  assert.equal(a.choose(1, 100), 0);
+  const b = new AdaptiveK(cost, { kMax: 6, latencyBudgetMs: 150 });
+  b.begin();
+  const kb = b.choose(1, 100);
+  assert.ok(kb >= 1 && (kb * 10 + tVerify(cost, kb + 1)) * 1.15 <= 150, `K ${kb} over the budget`);
+  assert.throws(() => new AdaptiveK(cost, { latencyBudgetMs: 0 }), EdgespecError);
+});
+
+test("chat settings and the cached cost model: bad values refused, a bad cache entry means measure again", () => {
+  assert.equal(checkSettings(DEFAULT_SETTINGS).k, "auto");
+  assert.throws(() => checkSettings({ ...DEFAULT_SETTINGS, k: -1 }), /K must be/);
+  assert.throws(() => checkSettings({ ...DEFAULT_SETTINGS, latencyBudgetMs: 0 }), /latency budget/);
+  assert.throws(() => checkSettings({ ...DEFAULT_SETTINGS, maxNewTokens: 0 }), /max new tokens/);
+  const good = { verifyMs: [100, 110], draftMs: 20, draftPrefillMs: 2 };
+  assert.deepEqual(parseCostModel(JSON.stringify(good)), good);
+  for (const bad of [null, "", "{", "[]", JSON.stringify({ ...good, draftMs: -1 }), JSON.stringify({ ...good, verifyMs: [1] })])
+    assert.equal(parseCostModel(bad), null);
+});

@@ -1,0 +1,36 @@
+/** Test vectors written by scripts/make_vectors.py: EDGESPEC_VECTORS is a directory of them or a list of
+ * files separated by the platform's path delimiter. Each names the export directory it was made from. */
+import { readdirSync, readFileSync, statSync } from "node:fs";
+import * as path from "node:path";
+import type { ChatMessage } from "../src/text.js";
+
+export interface Vectors {
+  file: string;
+  export_dir: string;
+  new_tokens: number;
+  sampling_draws: number;
+  draft_is_target: boolean;
+  near_tie_logit_gap: number;
+  export_bytes: number;
+  context_length: number;
+  stop: number[];
+  control_tokens: Record<string, number>;
+  corpus: { text: string; ids: number[]; decoded: string; decoded_skip_special: string }[];
+  chats: { messages: ChatMessage[]; prompt: string | null; ids: number[]; greedy: number[]; gaps: number[] }[];
+}
+
+export function loadVectors(): Vectors[] {
+  const spec = process.env.EDGESPEC_VECTORS;
+  if (!spec) return [];
+  const files = spec.split(path.delimiter).filter(Boolean).flatMap((p) =>
+    statSync(p).isDirectory() ? readdirSync(p).filter((f) => f.endsWith(".json")).sort().map((f) => path.join(p, f)) : [p]);
+  return files.map((file) => ({ file, ...JSON.parse(readFileSync(file, "utf8")) }));
+}
+
+export const NO_VECTORS = "no test vectors: set EDGESPEC_VECTORS (pytest tests/test_android_core.py --android-core does)";
+
+/** Index of the first difference of a and b (length mismatch counts), or null. */
+export function firstDifference(a: readonly number[], b: readonly number[]): number | null {
+  for (let i = 0; i < Math.min(a.length, b.length); i++) if (a[i] !== b[i]) return i;
+  return a.length === b.length ? null : Math.min(a.length, b.length);
+}
