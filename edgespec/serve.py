@@ -39,7 +39,10 @@ class Job:
     enqueued: float = field(default_factory=time.perf_counter)
 
     def post(self, *event) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the event loop has closed (server shutting down): nobody is listening
+            self.cancel.set()
 
 
 class Engine:
@@ -93,9 +96,9 @@ class Engine:
             with self._lock:
                 self.waiting -= 1
                 self.running = not job.cancel.is_set()
-            if not self.running:
-                self.counts["cancelled"] += 1
-                continue
+                if not self.running:  # its client left while it waited
+                    self.counts["cancelled"] += 1
+                    continue
             try:
                 outcome = self._generate(job)
             except ValueError as e:  # arguments the decoder refuses: the client's fault

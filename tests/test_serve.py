@@ -152,12 +152,29 @@ def test_multi_turn_reuses_the_kv_cache(server, api):
     assert r2.choices[0].message.content == greedy(api, msgs, n=12)  # reuse changes nothing in the output
 
 
-def test_sampling_with_a_seed_repeats(server):
+@pytest.fixture(scope="module")
+def fixed_server(tiny_export, home, tmp_path_factory):
+    """A server with a fixed K (no timing-driven choices)."""
+    s = Server(tiny_export, home, tmp_path_factory.mktemp("serve") / "fixed.log", "--k", "3")
+    yield s
+    s.close()
+
+
+def test_sampling_with_a_seed_repeats_at_a_fixed_k(fixed_server):
+    """The same seed gives the same text when K is fixed (adaptive K picks K from measured times, and another
+    K schedule draws other random numbers: the same distribution, not the same text)."""
     kw = dict(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=20, temperature=0.9,
               top_p=0.95, seed=7)
-    a = server.client.chat.completions.create(**kw).choices[0].message.content
-    b = server.client.chat.completions.create(**kw).choices[0].message.content
+    a = fixed_server.client.chat.completions.create(**kw).choices[0].message.content
+    b = fixed_server.client.chat.completions.create(**kw).choices[0].message.content
     assert a == b
+    kw["seed"] = 8
+    texts = {fixed_server.client.chat.completions.create(**{**kw, "seed": s}).choices[0].message.content
+             for s in range(8, 12)}
+    assert len(texts) > 1  # the seed is used
+    with pytest.raises(openai.BadRequestError) as e:  # a budget needs adaptive K
+        fixed_server.client.chat.completions.create(**kw, extra_body={"edgespec": {"latency_budget_ms": 50}})
+    assert e.value.body["param"] == "edgespec.latency_budget_ms"
 
 
 def test_two_concurrent_clients_both_correct(server, api):
@@ -195,6 +212,16 @@ def test_disconnect_mid_stream_frees_the_server(server, api):
     msgs = [{"role": "user", "content": "hi"}]
     r = server.client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=20, temperature=0)
     assert r.choices[0].message.content == greedy(api, msgs, n=20)
+
+
+def test_a_client_that_gives_up_on_a_non_streamed_reply_frees_the_server(server):
+    before = server.wait_idle()
+    impatient = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=0.3)
+    with pytest.raises(openai.APITimeoutError):
+        impatient.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "def add"}],
+                                          max_tokens=CTX - 30, temperature=0)
+    after = server.wait_idle()
+    assert after["cancelled"] == before["cancelled"] + 1 and after["completed"] == before["completed"]
 
 
 def test_a_full_queue_gets_429(server):
@@ -246,6 +273,8 @@ BAD = [
     ("temperature negative", "/v1/chat/completions", _chat(temperature=-1), 400),
     ("top_p zero", "/v1/chat/completions", _chat(top_p=0), 400),
     ("seed a float", "/v1/chat/completions", _chat(seed=1.5), 400),
+    ("seed negative", "/v1/chat/completions", _chat(seed=-1, stream=True), 400),
+    ("deeply nested JSON", "/v1/chat/completions", b"[" * 100000 + b"]" * 100000, 400),
     ("stream a string", "/v1/chat/completions", _chat(stream="yes"), 400),
     ("stop a number", "/v1/chat/completions", _chat(stop=5), 400),
     ("five stops", "/v1/chat/completions", _chat(stop=["a", "b", "c", "d", "e"]), 400),
