@@ -1,6 +1,6 @@
 """Bounded load test of ``edgespec serve`` on loopback: N requests from T client threads, server RSS sampled.
 
-    python bench/serve_load.py [DIR] [--requests 200 --threads 4 --max-queue 2 --max-tokens 32]
+    python bench/serve_load.py [DIR] [--requests 200 --threads 4 --max-queue 8 --max-tokens 32]
 
 Without DIR it builds the tiny random pair of the test suite (needs the ``export`` and ``test`` extras) in a
 temporary directory. Requests alternate streamed and non-streamed chat completions, greedy and seeded
@@ -53,13 +53,17 @@ def main() -> int:
     ap.add_argument("dir", nargs="?")
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--threads", type=int, default=4)
-    ap.add_argument("--max-queue", type=int, default=2)
+    ap.add_argument("--max-queue", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--time-limit", type=float, default=900.0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve-load-tiny.json"))
     a = ap.parse_args()
+    import logging
+
     import openai
 
+    for name in ("httpx", "httpx2"):  # one line per request otherwise, if a library turned INFO logging on
+        logging.getLogger(name).setLevel(logging.WARNING)
     tmp = tempfile.TemporaryDirectory()
     env = dict(os.environ, EDGESPEC_HOME=os.environ.get("EDGESPEC_HOME", str(Path(tmp.name) / "home")))
     os.environ["EDGESPEC_HOME"] = env["EDGESPEC_HOME"]

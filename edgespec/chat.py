@@ -29,6 +29,7 @@ class Conversation:
     def __init__(self, decoder, system: str | None, max_new_tokens: int):
         self.decoder, self.system, self.max_new_tokens = decoder, system, max_new_tokens
         self.turns: list[dict] = []  # user/assistant messages, oldest first
+        self.last = None  # statistics of the last reply (GenerationStats)
 
     def messages(self) -> list[dict]:
         return ([{"role": "system", "content": self.system}] if self.system else []) + self.turns
@@ -60,7 +61,7 @@ class Conversation:
         return ids
 
 
-def _command(text: str, conv: Conversation, last) -> bool | None:
+def _command(text: str, conv: Conversation) -> bool | None:
     """Run ``text`` if it is one of the chat's own commands: True to go on, False to exit; None if it is
     not a command (it goes to the model)."""
     word, _, rest = text.partition(" ")
@@ -71,7 +72,7 @@ def _command(text: str, conv: Conversation, last) -> bool | None:
         conv.decoder.reset()
         _note("conversation reset")
     elif text == "/stats":
-        print(format_stats(last) if last else "[no reply yet]", file=sys.stderr)
+        print(format_stats(conv.last) if conv.last else "[no reply yet]", file=sys.stderr)
     elif text == "/help":
         _note(HELP)
     elif word == "/system":
@@ -85,13 +86,13 @@ def _command(text: str, conv: Conversation, last) -> bool | None:
     return True
 
 
-def _reply(conv: Conversation, kwargs: dict, underline: bool):
-    """Generate and stream the answer to the newest user message; returns its stats (None if not sent)."""
+def _reply(conv: Conversation, kwargs: dict, underline: bool) -> None:
+    """Generate and stream the answer to the newest user message (its stats become ``conv.last``)."""
     g = None
     try:
         ids = conv.fit()
         if ids is None:
-            return None
+            return
         g = conv.decoder.generate(input_ids=ids, **kwargs)
         for piece, from_draft in g.chunks():
             sys.stdout.write(f"{UNDERLINE}{piece}{RESET}" if underline and from_draft else piece)
@@ -101,14 +102,13 @@ def _reply(conv: Conversation, kwargs: dict, underline: bool):
     except ValueError as e:  # e.g. a chat template that refuses the messages
         conv.turns.pop()
         _note(f"error: {e}")
-        return None
+        return
     sys.stdout.write("\n")
     sys.stdout.flush()
     conv.turns.append({"role": "assistant", "content": g.text if g is not None else ""})
     if g is not None:
+        conv.last = g.stats
         print(format_stats(g.stats), file=sys.stderr)
-        return g.stats
-    return None
 
 
 def run_chat(args, decoder, gen_kwargs) -> int:
@@ -116,35 +116,41 @@ def run_chat(args, decoder, gen_kwargs) -> int:
     interactive = sys.stdin.isatty()
     reader = open_input(interactive and sys.stdout.isatty())
     conv = Conversation(decoder, args.system, args.max_new_tokens)
-    last = None
     if interactive:
         name = decoder.manifest.name if decoder.manifest else ""
         print(f"edgespec chat — {name} ({args.mode}). {HELP}", file=sys.stderr)
     kwargs = gen_kwargs(args, decoder)
     underline = args.show_accept and sys.stdout.isatty()  # no escape codes into files and pipes
     while True:
+        reading = True
         try:
             text = read_turn(reader)
-        except KeyboardInterrupt:  # clears the line being typed; the session goes on
-            if not hasattr(reader, "session"):  # prompt_toolkit has cleared the line itself
-                print(file=sys.stderr)
-            continue
-        if text is None:
-            return 0
-        text, replaced = clean_text(text)
-        if replaced:
-            _note("input that is not valid UTF-8 was replaced by U+FFFD")
-        text = text.strip() if "\n" not in text else text.strip("\n").rstrip()
-        if not text:
-            continue
-        try:
-            go_on = _command(text, conv, last)
-            if go_on is False:
+            reading = False
+            if text is None:
                 return 0
-            if go_on is None:
-                conv.turns.append({"role": "user", "content": text})
-                last = _reply(conv, kwargs, underline) or last
-        except KeyboardInterrupt:  # between the reply and its bookkeeping: keep user/assistant alternating
-            if conv.turns and conv.turns[-1]["role"] == "user":
+            if _turn(text, conv, kwargs, underline) is False:
+                return 0
+        except KeyboardInterrupt:  # at any moment: the session goes on
+            if reading:  # the line being typed is dropped (prompt_toolkit has cleared it itself)
+                if not hasattr(reader, "session"):
+                    print(file=sys.stderr)
+                continue
+            if conv.turns and conv.turns[-1]["role"] == "user":  # keep user/assistant alternating
                 conv.turns.append({"role": "assistant", "content": ""})
             _note("stopped")
+
+
+def _turn(text: str, conv: Conversation, kwargs: dict, underline: bool) -> bool:
+    """One line or block of input: a command, or a message answered by the model. False to exit."""
+    text, replaced = clean_text(text)
+    if replaced:
+        _note("input that is not valid UTF-8 was replaced by U+FFFD")
+    text = text.strip() if "\n" not in text else text.strip("\n").rstrip()
+    if not text:
+        return True
+    go_on = _command(text, conv)
+    if go_on is None:
+        conv.turns.append({"role": "user", "content": text})
+        _reply(conv, kwargs, underline)
+        return True
+    return go_on

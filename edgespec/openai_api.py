@@ -158,7 +158,7 @@ def _common(body: dict) -> dict:
         temperature=_float(body, "temperature", lambda v: 0 <= v <= 2, "in [0, 2]"),
         top_p=_float(body, "top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
         top_k=_int(body, "top_k", 0),
-        seed=_int(body, "seed"),
+        seed=_int(body, "seed", 0),
         stop=_stop(body.get("stop")),
         stream=_bool(body, "stream"),
         include_usage=_bool(so or {}, "include_usage"),

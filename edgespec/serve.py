@@ -39,7 +39,10 @@ class Job:
     enqueued: float = field(default_factory=time.perf_counter)
 
     def post(self, *event) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the event loop has closed (server shutting down): nobody is listening
+            self.cancel.set()
 
 
 class Engine:
@@ -93,9 +96,9 @@ class Engine:
             with self._lock:
                 self.waiting -= 1
                 self.running = not job.cancel.is_set()
-            if not self.running:
-                self.counts["cancelled"] += 1
-                continue
+                if not self.running:  # its client left while it waited
+                    self.counts["cancelled"] += 1
+                    continue
             try:
                 outcome = self._generate(job)
             except ValueError as e:  # arguments the decoder refuses: the client's fault
@@ -333,19 +336,43 @@ async def _sse(job: Job, request, chat: bool, rid: str, model: str, include_usag
         watcher.cancel()
 
 
-def serve(engine: Engine, host: str = "127.0.0.1", port: int = 8080, max_body_bytes: int = MAX_BODY_BYTES) -> int:
-    """Run the server until SIGINT/SIGTERM. Returns the exit code."""
+def listen(host: str, port: int):
+    """A bound, listening TCP socket. Raises EdgespecError (one line) if the address cannot be had."""
+    import socket
+
+    from .errors import EdgespecError
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as e:
+        raise EdgespecError(f"cannot listen on {host}:{port}: {e}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        raise EdgespecError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
+
+
+def serve(engine: Engine, sock, max_body_bytes: int = MAX_BODY_BYTES) -> int:
+    """Run the server on the listening socket ``sock`` (from :func:`listen`) until SIGINT/SIGTERM. Returns the
+    exit code."""
     import uvicorn
 
-    if host not in ("127.0.0.1", "localhost", "::1"):
+    host, port = sock.getsockname()[:2]
+    if host not in ("127.0.0.1", "::1"):
         print(f"edgespec serve: listening on {host}, not only loopback: anyone who reaches this port can use "
               "the model", file=sys.stderr)
     print(f"edgespec serve: {engine.model} on http://{host}:{port}/v1 (context {engine.decoder.context_length}, "
           f"queue {engine.max_queue})", file=sys.stderr, flush=True)
-    config = uvicorn.Config(build_app(engine, max_body_bytes), host=host, port=port, log_level="warning",
-                            access_log=False, timeout_graceful_shutdown=2)
+    config = uvicorn.Config(build_app(engine, max_body_bytes), log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=2)
     try:
-        uvicorn.Server(config).run()
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
         engine.stop()
+        sock.close()
     return 0

@@ -163,3 +163,29 @@ def test_read_turn_blocks_and_clean_text():
     assert clean_text("caf\udce9") == ("caf\ufffd", True)
     assert clean_text("ok ✓") == ("ok ✓", False)
     assert clean_text("\ud800x") == ("\ufffdx", True)
+
+
+def test_dropping_turns_keeps_the_system_prompt_and_the_kv_cache_serves_again(api, capsys):
+    from edgespec.chat import Conversation
+
+    api.reset()
+    conv = Conversation(api, "You are a fox.", max_new_tokens=40)
+    room = api.context_length - 40
+    prev, drops, reused = 0, 0, 0
+    for i in range(16):
+        conv.turns.append({"role": "user", "content": f"tell me more about the lazy dog, part {i}"})
+        n = len(conv.turns)
+        ids = conv.fit()
+        assert len(ids) <= room and conv.messages()[0] == {"role": "system", "content": "You are a fox."}
+        if len(conv.turns) < n:  # dropped: at most half the room is in use afterwards
+            drops += 1
+            assert len(ids) <= room // 2 and conv.turns[0]["role"] == "user"
+        else:  # the previous prompt is a prefix of this one: the cache serves all of it
+            common = next((j for j, (a, b) in enumerate(zip(api.tokens, ids)) if a != b), min(len(api.tokens), len(ids)))
+            assert common >= prev
+            reused += prev > 0
+        g = api.generate(input_ids=ids, max_new_tokens=40, proposers=()).run()
+        conv.turns.append({"role": "assistant", "content": g.text})
+        prev = len(ids)
+    err = capsys.readouterr().err
+    assert drops >= 2 and reused >= 8 and err.count("context full: dropped the") == drops

@@ -152,12 +152,29 @@ def test_multi_turn_reuses_the_kv_cache(server, api):
     assert r2.choices[0].message.content == greedy(api, msgs, n=12)  # reuse changes nothing in the output
 
 
-def test_sampling_with_a_seed_repeats(server):
+@pytest.fixture(scope="module")
+def fixed_server(tiny_export, home, tmp_path_factory):
+    """A server with a fixed K (no timing-driven choices)."""
+    s = Server(tiny_export, home, tmp_path_factory.mktemp("serve") / "fixed.log", "--k", "3")
+    yield s
+    s.close()
+
+
+def test_sampling_with_a_seed_repeats_at_a_fixed_k(fixed_server):
+    """The same seed gives the same text when K is fixed (adaptive K picks K from measured times, and another
+    K schedule draws other random numbers: the same distribution, not the same text)."""
     kw = dict(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=20, temperature=0.9,
               top_p=0.95, seed=7)
-    a = server.client.chat.completions.create(**kw).choices[0].message.content
-    b = server.client.chat.completions.create(**kw).choices[0].message.content
+    a = fixed_server.client.chat.completions.create(**kw).choices[0].message.content
+    b = fixed_server.client.chat.completions.create(**kw).choices[0].message.content
     assert a == b
+    kw["seed"] = 8
+    texts = {fixed_server.client.chat.completions.create(**{**kw, "seed": s}).choices[0].message.content
+             for s in range(8, 12)}
+    assert len(texts) > 1  # the seed is used
+    with pytest.raises(openai.BadRequestError) as e:  # a budget needs adaptive K
+        fixed_server.client.chat.completions.create(**kw, extra_body={"edgespec": {"latency_budget_ms": 50}})
+    assert e.value.body["param"] == "edgespec.latency_budget_ms"
 
 
 def test_two_concurrent_clients_both_correct(server, api):
@@ -197,12 +214,25 @@ def test_disconnect_mid_stream_frees_the_server(server, api):
     assert r.choices[0].message.content == greedy(api, msgs, n=20)
 
 
+def test_a_client_that_gives_up_on_a_non_streamed_reply_frees_the_server(server):
+    before = server.wait_idle()
+    impatient = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=0.3)
+    with pytest.raises(openai.APITimeoutError):
+        impatient.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "def add"}],
+                                          max_tokens=CTX - 30, temperature=0)
+    after = server.wait_idle()
+    assert after["cancelled"] == before["cancelled"] + 1 and after["completed"] == before["completed"]
+
+
 def test_a_full_queue_gets_429(server):
     server.wait_idle()
     running = _long_stream(server)
-    next(iter(running))  # generating now
-    waiting = threading.Thread(target=lambda: server.client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5))
+    chunks = iter(running)
+    while not next(chunks).choices[0].delta.content:  # text has come: the worker is on it
+        pass
+    waited = []
+    waiting = threading.Thread(target=lambda: waited.append(server.client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5)))
     waiting.start()
     deadline = time.time() + 30
     while server.health()["waiting"] < 1:
@@ -213,6 +243,7 @@ def test_a_full_queue_gets_429(server):
     assert e.value.body["code"] == "rate_limit_exceeded"
     running.close()
     waiting.join(60)
+    assert waited and waited[0].usage.completion_tokens == 5  # the one that waited was served
     assert server.wait_idle()["rejected"] >= 1
 
 
@@ -242,6 +273,8 @@ BAD = [
     ("temperature negative", "/v1/chat/completions", _chat(temperature=-1), 400),
     ("top_p zero", "/v1/chat/completions", _chat(top_p=0), 400),
     ("seed a float", "/v1/chat/completions", _chat(seed=1.5), 400),
+    ("seed negative", "/v1/chat/completions", _chat(seed=-1, stream=True), 400),
+    ("deeply nested JSON", "/v1/chat/completions", b"[" * 100000 + b"]" * 100000, 400),
     ("stream a string", "/v1/chat/completions", _chat(stream="yes"), 400),
     ("stop a number", "/v1/chat/completions", _chat(stop=5), 400),
     ("five stops", "/v1/chat/completions", _chat(stop=["a", "b", "c", "d", "e"]), 400),
@@ -344,3 +377,62 @@ def test_a_latency_budget_per_request(server, api):
     assert r.choices[0].message.content == greedy(api, msgs, n=20)  # a budget changes speed, not text
     r = server.client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=5, temperature=0)
     assert r.model_extra["edgespec"]["latency_budget_ms"] is None  # the server's own (none) again
+
+
+def _rss_mb(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_bounded_load_gets_no_error_but_429_and_memory_stays_bounded(server):
+    """64 requests from 4 threads (streamed and not, greedy and sampled) against a queue of 1; see
+    bench/serve_load.py for the timed version."""
+    before = server.wait_idle()
+    outcomes, rss, lock = [], [_rss_mb(server.proc.pid)], threading.Lock()
+    todo = iter(range(64))
+
+    def worker():
+        c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        while (i := next(todo, None)) is not None:
+            kw = dict(model=MODEL, messages=[{"role": "user", "content": f"part {i % 5}"}], max_tokens=16,
+                      temperature=0.8 if i % 3 == 0 else 0.0, seed=i)
+            try:
+                if i % 2:
+                    text = "".join(ch.choices[0].delta.content or "" for ch in
+                                   c.chat.completions.create(stream=True, **kw) if ch.choices)
+                else:
+                    text = c.chat.completions.create(**kw).choices[0].message.content
+                out = "ok" if isinstance(text, str) else "bad"
+            except openai.RateLimitError:
+                out = "429"
+            except Exception as e:
+                out = repr(e)
+            with lock:
+                outcomes.append(out)
+                rss.append(_rss_mb(server.proc.pid))
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert len(outcomes) == 64 and set(outcomes) <= {"ok", "429"}, [o for o in outcomes if o not in ("ok", "429")]
+    assert outcomes.count("ok") >= 4  # a client that gets 429 asks again at once: most are refused
+    assert max(rss[-16:]) < max(rss[:16]) + 64, rss  # MB: no growth with the number of requests
+    h = server.wait_idle()
+    assert h["failed"] == 0 and h["completed"] - before["completed"] == outcomes.count("ok")
+    assert h["rejected"] - before["rejected"] == outcomes.count("429")
+
+
+def test_a_port_in_use_is_one_line(tiny_export, home):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        r = subprocess.run([sys.executable, "-m", "edgespec.cli", "serve", str(tiny_export), "--port",
+                            str(s.getsockname()[1])], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, EDGESPEC_HOME=str(home)))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("edgespec: error: cannot listen on 127.0.0.1:")
