@@ -31,13 +31,14 @@ def run(checkout: Path, bench_args: list[str]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    ap = argparse.ArgumentParser(usage=__doc__.strip().splitlines()[2].strip())
     ap.add_argument("before", type=Path)
     ap.add_argument("after", type=Path)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("bench", nargs=argparse.REMAINDER, help="after --: arguments of edgespec bench")
-    a = ap.parse_args()
-    bench_args = [x for x in a.bench if x != "--"]
+    a = ap.parse_args(argv[:cut])
+    bench_args = argv[cut + 1:]  # after --: arguments of edgespec bench
     results = {"before": [], "after": []}
     for i in range(a.rounds):
         order = [("before", a.before), ("after", a.after)][:: 1 if i % 2 == 0 else -1]

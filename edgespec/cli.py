@@ -1,4 +1,4 @@
-"""``edgespec`` command line: export, chat, generate, info (and bench/eval).
+"""``edgespec`` command line: export, chat, generate, serve, info (and bench/eval).
 
 Every user error ends as one line on stderr and exit code 2 (1 for runtime failures); never a traceback.
 """
@@ -10,10 +10,11 @@ import json
 import math
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from . import paths
-from .errors import EdgespecError
+from .errors import EdgespecError, EdgespecWarning
 from .stats import format_stats
 
 
@@ -55,6 +56,10 @@ def _pos_int(s: str) -> int:
     return _checked_int(s, "an integer ≥ 1", lambda v: v >= 1)
 
 
+def _checked_port(s: str) -> int:
+    return _checked_int(s, "a port in [1, 65535]", lambda v: 1 <= v <= 65535)
+
+
 def _contexts(s: str) -> list[int]:
     """Comma-separated context lengths, each ≥ 1, e.g. ``128,1024,2048,3500``."""
     parts = [x.strip() for x in s.split(",") if x.strip()]
@@ -84,7 +89,7 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=_temperature, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=_nonneg_int, default=0, help="0 = off")
     p.add_argument("--top-p", type=_top_p, default=1.0, help="1 = off")
-    p.add_argument("--seed", type=_int, default=None)
+    p.add_argument("--seed", type=_nonneg_int, default=None)
     p.add_argument("--max-new-tokens", type=_pos_int, default=512)
     p.add_argument("--k", type=_nonneg_int, default=None, help="fixed draft length K (default: adaptive)")
     p.add_argument("--latency-budget-ms", type=_latency_ms, default=None,
@@ -109,7 +114,7 @@ def _add_provider_options(p: argparse.ArgumentParser) -> None:
                    help="an option of the execution provider, e.g. backend_path=libQnnHtp.so (repeatable)")
 
 
-_COMMANDS = ("export", "chat", "generate", "bench", "eval", "info")
+_COMMANDS = ("export", "chat", "generate", "serve", "bench", "eval", "info", "voice")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,9 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the output head at this many bits")
     p.add_argument("--draft-vocab", type=_pos_int, default=None,
                    help="prune the draft's lm_head to this many frequent token ids (FR-Spec), e.g. 32768")
+    p.add_argument("--force", action="store_true",
+                   help="replace --out even if it is not an edgespec export or holds other files (deletes them)")
     p.add_argument("--graph-format", type=int, choices=(2, 3), default=None,
                    help="3: in-place KV cache and fused GroupQueryAttention; 2: the traced graph "
                         "(default: the exporter's, see README)")
+    p.add_argument("--voice", action="store_true",
+                   help="prepare the speech-recognition model of `edgespec voice` (Moonshine) instead of a pair")
 
     p = sub.add_parser("chat", help="interactive chat (streams; /reset /stats /exit)")
     _add_generation_options(p)
@@ -145,6 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", help="the user message (default: read stdin)")
     p.add_argument("--raw", action="store_true", help="no chat template: the prompt is fed as is")
     p.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
+
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the serve extra)")
+    _add_generation_options(p)  # the sampling flags are the defaults of requests that do not set them
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s: loopback only)")
+    p.add_argument("--port", type=_checked_port, default=8080)
+    p.add_argument("--max-queue", type=_nonneg_int, default=8,
+                   help="requests that may wait while one generates; more get 429 (default %(default)s)")
+    p.add_argument("--max-body-bytes", type=_pos_int, default=4 << 20, help="larger request bodies get 413")
 
     p = sub.add_parser("bench", help="plain vs speculative modes on a prompt set: JSON + PNG")
     p.add_argument("dir", nargs="?", help="export directory (default: the default pair)")
@@ -161,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-class", type=_pos_int, default=None, help="built-in prompts per class (default all)")
     p.add_argument("--max-new-tokens", type=_pos_int, default=128)
     p.add_argument("--temperature", type=_temperature, default=0.0)
-    p.add_argument("--seed", type=_int, default=0)
+    p.add_argument("--seed", type=_nonneg_int, default=0)
     _add_provider_options(p)
     p.add_argument("--threads", type=_pos_int, default=None)
     p.add_argument("--cost-curve", action="store_true",
@@ -190,6 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", nargs="?")
     _add_provider_options(p)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--verify", action="store_true",
+                   help="check every file's size and sha256 against the manifest (exit 1 on a mismatch)")
+
+    from .voice.cli import add_voice_parser
+
+    add_voice_parser(sub)
     return parser
 
 
@@ -212,11 +235,25 @@ def _export_dir(arg: str | None, auto_export: bool) -> Path:
     return d
 
 
+def _read_stdin() -> str:
+    """All of stdin as text; undecodable bytes are an error naming stdin (never a traceback)."""
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise EdgespecError(f"stdin is not valid UTF-8 text (byte {e.start}: {data[e.start:e.start + 1]!r})") from None
+
+
 def _cmd_export(a) -> int:
     try:
         from edgespec.export import ExportOptions, export_pair
     except ImportError:
         raise EdgespecError(_NO_EXPORTER) from None
+    if a.voice:
+        from edgespec.export.voice import prepare_moonshine
+
+        print(prepare_moonshine(a.out))
+        return 0
     fmt = {} if a.graph_format is None else {"graph_format": a.graph_format}
     t = ExportOptions(a.precision, a.block_size, a.accuracy_level, a.lm_head_bits, **fmt)
     d = ExportOptions(a.draft_precision or a.precision, a.block_size, a.accuracy_level, a.lm_head_bits,
@@ -230,7 +267,7 @@ def _cmd_export(a) -> int:
 
         if a.pair not in models.available():
             raise EdgespecError(f"unknown pair recipe {a.pair!r} (known: {', '.join(models.available())})")
-    out = export_pair(target, draft, a.out, t, d)
+    out = export_pair(target, draft, a.out, t, d, force=a.force)
     print(out)
     return 0
 
@@ -243,6 +280,8 @@ def _cmd_info(a) -> int:
 
     d = _export_dir(a.dir, auto_export=False)
     m = load_manifest(d)
+    if a.verify:
+        return _verify(d, m)
     full, why = resolve_provider(a.provider)
     parse_provider_options(a.provider_option)
     provider = {"requested": a.provider, "used": short_provider_name(full), "fallback_reason": why,
@@ -272,6 +311,26 @@ def _cmd_info(a) -> int:
     print(f"execution provider: {provider['used']}" + (f" ({why})" if why else
                                                        f" (available here: {', '.join(provider['available'])})"))
     return 0
+
+
+def _verify(d: Path, m) -> int:
+    """``info --verify``: every file's size and sha256 against the manifest, one line each."""
+    from .integrity import check_file
+
+    if not m.files:
+        print(f"{d}: this export records no file sizes or hashes (exported before edgespec kept them); "
+              "export it again to verify it", file=sys.stderr)
+        return 0
+    bad = 0
+    for rel, entry in m.files.items():
+        try:
+            check_file(d / rel, entry, verify="always")
+            print(f"ok  {rel}  {entry.size} bytes  sha256 {entry.sha256[:16]}…")
+        except EdgespecError as e:
+            bad += 1
+            print(f"edgespec: error: {e}", file=sys.stderr)
+    print(f"{len(m.files) - bad}/{len(m.files)} files match the manifest")
+    return 1 if bad else 0
 
 
 def _provider_options(a) -> dict:
@@ -323,7 +382,9 @@ def _gen_kwargs(a, decoder) -> dict:
 
 
 def _cmd_generate(a) -> int:
-    prompt = a.prompt if a.prompt is not None else sys.stdin.read()
+    from .text import check_text
+
+    prompt = check_text(a.prompt, "--prompt") if a.prompt is not None else _read_stdin()
     if not prompt.strip():
         raise EdgespecError("empty prompt (give --prompt TEXT or text on stdin)")
     dec = _load(a)
@@ -339,6 +400,20 @@ def _cmd_generate(a) -> int:
     sys.stdout.write("\n")
     print(format_stats(g.stats), file=sys.stderr)
     return 0
+
+
+def _cmd_serve(a) -> int:
+    try:
+        from . import serve
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise EdgespecError("the server needs the serve extra: pip install -e '.[serve]' in the edgespec checkout "
+                            "(or pip install 'edgespec[serve]')") from None
+    sock = serve.listen(a.host, a.port)  # before loading: a port in use is said at once
+    dec = _load(a)
+    engine = serve.Engine(dec, _gen_kwargs(a, dec), a.max_queue, a.max_new_tokens)
+    return serve.serve(engine, sock, a.max_body_bytes)
 
 
 def _prompt_set(a):
@@ -380,13 +455,15 @@ def _cmd_bench(a) -> int:
     _write_json(json_out, result)
     try:
         plot(result, png_out)
+        wrote = f"wrote {json_out} and {png_out}"
     except ImportError:
         print("edgespec: matplotlib is not installed: no plot (pip install 'edgespec[bench]')", file=sys.stderr)
+        wrote = f"wrote {json_out} (no plot)"
     if a.json:
         print(json.dumps(result))
     else:
         print(format_bench(result))
-        print(f"wrote {json_out} and {png_out}")
+        print(wrote)
     return 0
 
 
@@ -460,6 +537,12 @@ def _run(a) -> int:
         return _cmd_eval(a)
     if a.command == "generate":
         return _cmd_generate(a)
+    if a.command == "voice":
+        from .voice.cli import run_voice
+
+        return run_voice(a, _export_dir)
+    if a.command == "serve":
+        return _cmd_serve(a)
     if a.command == "chat":
         from .chat import run_chat
 
@@ -467,7 +550,55 @@ def _run(a) -> int:
     return 0
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    if issubclass(category, EdgespecWarning):
+        print(f"edgespec: warning: {message}", file=sys.stderr)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
+_default_showwarning = warnings.showwarning
+
+
+def _console_streams() -> None:
+    """Print what the terminal's encoding can show (a cp1252 console gets '?' for the rest): never lose an
+    answer to a UnicodeEncodeError. ``--json`` output is ASCII (escaped), so valid UTF-8 anywhere."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure") and (stream.encoding or "").lower().replace("-", "") != "utf8":
+            try:
+                stream.reconfigure(errors="replace")
+            except (ValueError, OSError):
+                pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The ``edgespec`` command; returns the exit code (0 ok, 1 a failed check, 2 bad input, 130 Ctrl-C)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # also during start-up (imports, argument parsing, loading)
+        print("\nedgespec: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # Ctrl-C inside a C extension (its initialisation) can arrive wrapped, e.g. ImportError
+        if not _interrupted(e):
+            raise
+        print("\nedgespec: interrupted", file=sys.stderr)
+        return 130
+
+
+def _interrupted(e: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is among the causes of ``e``."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _main(argv: list[str] | None) -> int:
+    _console_streams()
+    warnings.showwarning = _show_warning
     parser = build_parser()
     a = parser.parse_args(argv)
     if a.command is None:

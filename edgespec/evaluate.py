@@ -59,6 +59,26 @@ def _plain_row(decoder, input_ids: list[int], new_ids: list[int]) -> np.ndarray:
     return row
 
 
+def compare_greedy(decoder, input_ids: list[int], reference: list[int], other: list[int]) -> dict:
+    """Greedy token ids of one prompt from two runs (e.g. x86 and aarch64), under the near-tie rule above.
+
+    ``reference`` and ``other`` are int token ids after ``input_ids``. At the first divergence i the
+    ``decoder``'s target is teacher-forced on ``input_ids + reference[:i]`` as plain decoding runs it, and
+    its top-1 minus top-2 logit gap there is reported; ``ok`` is True when the lists are equal or that gap
+    is below :data:`NEAR_TIE_LOGIT_GAP` (a kernel difference can flip a near-tie, anything else is a bug).
+    A run that stops early (a stop token) diverges where the shorter list ends.
+    """
+    div = next((i for i, (x, y) in enumerate(zip(reference, other)) if x != y), None)
+    if div is None and len(reference) != len(other):
+        div = min(len(reference), len(other))
+    gap = None
+    if div is not None:
+        top = np.sort(_plain_row(decoder, list(input_ids), list(reference[:div])))[-2:]
+        gap = float(top[1] - top[0])
+    return {"identical": div is None, "first_divergence": div, "gap": gap, "equal_prefix": len(reference) if
+            div is None else div, "ok": div is None or gap < NEAR_TIE_LOGIT_GAP}
+
+
 def first_token_check(decoder, input_ids: list[int], sp: SamplingParams, draws: int, k: int = 4,
                       seed: int = 0, tree: bool = False) -> dict:
     """Distribution of the first token a speculative round (a chain of K, or a tree of K nodes) emits after

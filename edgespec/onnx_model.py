@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
+if hasattr(ort, "disable_telemetry_events"):  # also when onnxruntime was imported before edgespec set the opt-out
+    ort.disable_telemetry_events()
+
 from .errors import EdgespecError
+from .integrity import check_graph
 from .manifest import GraphSpec
 
 PROVIDERS = {
@@ -258,9 +263,47 @@ def use_shared_thread_pool(threads: int | None = None) -> bool:
     return True
 
 
-def session_options(threads: int | None = None, cpu: bool = True) -> ort.SessionOptions:
+@dataclass(frozen=True)
+class SessionMemory:
+    """How an onnxruntime session spends memory beyond the weights (issue 17: a 2 GB board).
+
+    - ``cpu_arena``: onnxruntime's BFC arena for activations and outputs. Off, every tensor is malloc'd and
+      freed; on, freed blocks stay in the arena, and the present KV outputs, one size larger each step, keep
+      asking for new blocks.
+    - ``prepacking``: let kernels (MatMulNBits, MatMul) repack constant weights into their own layout at load;
+      faster kernels, a second copy of those weights.
+    - ``mem_pattern``: plan activation buffers from the first run's shapes (helps static shapes only).
+
+    :data:`DEFAULT_MEMORY` is what edgespec uses; ``SessionMemory.named("ort-defaults")`` is onnxruntime's
+    own defaults. Figures: docs/benchmarks.md, "Memory".
+    """
+
+    cpu_arena: bool = True
+    prepacking: bool = True
+    mem_pattern: bool = True
+
+    @staticmethod
+    def named(name: str) -> "SessionMemory":
+        """``ort-defaults`` or ``edgespec`` (:data:`DEFAULT_MEMORY`); raises ValueError for other names."""
+        if name == "ort-defaults":
+            return SessionMemory()
+        if name == "edgespec":
+            return DEFAULT_MEMORY
+        fields = dict(kv.split("=") for kv in name.split("+")) if "=" in name else None
+        if fields is None:
+            raise ValueError(f"unknown session memory setting {name!r} (ort-defaults, edgespec, or k=v+k=v)")
+        return SessionMemory(**{k: v == "1" for k, v in fields.items()})
+
+
+DEFAULT_MEMORY = SessionMemory()
+
+
+def session_options(threads: int | None = None, cpu: bool = True,
+                    memory: SessionMemory | None = None) -> ort.SessionOptions:
     """SessionOptions for a graph: the shared pool when enabled, else (``cpu``: for the CPU provider) a
-    per-session pool of ``threads`` without spinning; another provider keeps onnxruntime's thread defaults."""
+    per-session pool of ``threads`` without spinning; another provider keeps onnxruntime's thread defaults.
+    Memory settings from ``memory`` (default :data:`DEFAULT_MEMORY`)."""
+    memory = memory or DEFAULT_MEMORY
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -269,6 +312,10 @@ def session_options(threads: int | None = None, cpu: bool = True) -> ort.Session
     elif cpu:
         so.intra_op_num_threads = threads or (os.cpu_count() or 1)
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.enable_cpu_mem_arena = memory.cpu_arena
+    so.enable_mem_pattern = memory.mem_pattern
+    if not memory.prepacking:
+        so.add_session_config_entry("session.disable_prepacking", "1")
     return so
 
 
@@ -282,10 +329,12 @@ class OnnxLM:
     """
 
     def __init__(self, spec: GraphSpec, export_dir: str | Path, provider: str = "cpu", threads: int | None = None,
-                 provider_options: dict | None = None):
-        session = open_session(Path(export_dir) / spec.path, provider, provider_options, threads)
+                 provider_options: dict | None = None, role: str = "target"):
+        path = Path(export_dir) / spec.path
+        session = open_session(path, provider, provider_options, threads)
         self._setup(spec, session)
         self.export_dir = Path(export_dir)
+        check_graph(session, spec, role, path, self._past, self._outputs)  # the manifest describes this graph
 
     @classmethod
     def from_session(cls, spec: GraphSpec, session: ort.InferenceSession) -> "OnnxLM":
@@ -297,6 +346,7 @@ class OnnxLM:
     def _setup(self, spec: GraphSpec, session: ort.InferenceSession) -> None:
         self.spec = spec
         self.session = session
+        self.vocab_limit: int | None = None  # logits columns past this are cut off (ids the tokenizer lacks)
         self.provider = short_provider_name(session.get_providers()[0])  # the execution provider in use
         self._past = [n for pair in spec.past_names() for n in pair]
         self._outputs = ["logits"] + [f"present.{i}.{kind}" for i in range(spec.num_layers)
@@ -325,7 +375,8 @@ class OnnxLM:
         ``position_ids`` int64 (T,) defaults to ``cache.length + arange(T)``; ``mask`` bool (1, 1, T, P+T)
         defaults to causal. Returns logits float32 (T, V), or with ``keep`` = N > 0 those of the last N rows
         only, (min(N, T), V): the graph then skips the output head for the other rows (a prefill or catch-up
-        needs one row), if the export has the ``logits_keep`` input; older exports slice afterwards.
+        needs one row), if the export has the ``logits_keep`` input; older exports slice afterwards. With
+        ``vocab_limit`` set, V is cut to it (a head padded past the tokenizer's ids).
         """
         ids = np.asarray(ids, dtype=np.int64)
         p, t = cache.length, len(ids)
@@ -342,7 +393,8 @@ class OnnxLM:
             out = self.session.run(self._outputs, feeds)
             cache.tensors = out[1:]
             logits = out[0]
-        return logits[0][-keep:] if keep > 0 else logits[0]
+        logits = logits[0][-keep:] if keep > 0 else logits[0]
+        return logits[:, :self.vocab_limit] if self.vocab_limit is not None else logits
 
     def _run_in_place(self, feeds: dict, cache: SharedKVCache, total: int) -> np.ndarray:
         """One run with IO binding: the cache buffers are both past and present; only ``logits`` is new."""

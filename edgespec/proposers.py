@@ -26,6 +26,7 @@ from .tree import TokenTree, TreeShape, pick_children
 
 if TYPE_CHECKING:
     from .decoder import SpecDecoder
+    from .kpolicy import Offer
 
 
 @dataclass

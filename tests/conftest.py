@@ -14,16 +14,22 @@ def pytest_addoption(parser):
     parser.addoption("--real-pair", action="store_true", help="also run the real Qwen2.5-Coder pair tier")
     parser.addoption("--android-core", action="store_true",
                      help="also test the TypeScript core in android_demo/core (needs Node.js and `npm ci` there)")
+    parser.addoption("--aarch64", action="store_true",
+                     help="also run scripts/aarch64-check.sh on the tiny export (root, qemu; ~15 min the first time)")
 
 
 def pytest_collection_modifyitems(config, items):
     skip_real = pytest.mark.skip(reason="real-pair tier: run with --real-pair")
     skip_core = pytest.mark.skip(reason="TypeScript core: run with --android-core (after `npm ci` in android_demo/core)")
+    skip_arm = pytest.mark.skip(reason="aarch64 tier: run with --aarch64 (root, qemu)")
     for item in items:
         if "real" in item.keywords and not config.getoption("--real-pair"):
             item.add_marker(skip_real)
         if "android_core" in item.keywords and not config.getoption("--android-core"):
             item.add_marker(skip_core)
+        # by marker, not keyword: a checkout in a folder named aarch64 would match every test
+        if item.get_closest_marker("aarch64") and not config.getoption("--aarch64"):
+            item.add_marker(skip_arm)
 
 
 USER_HOME = os.environ.get("EDGESPEC_HOME")  # as the user set it, before the tiny tiers isolate it

@@ -297,3 +297,16 @@ def test_lookup_acceptance_is_tracked_per_match_length():
     assert pol.alpha(lookup, 4) > 0.9 and pol.alpha(lookup, 2) < 0.2
     assert ngram_match([1, 2, 3, 4, 9, 1, 2, 3, 4], 3) == ([9, 1, 2], 4)
     assert ngram_match([5, 6, 7], 3) == ([], 0)
+
+
+def test_the_controller_is_pure_decision_logic_without_onnxruntime():
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['onnxruntime'] = None; "
+            "from edgespec.adaptive import AdaptiveK, CostModel; from edgespec.kpolicy import Offer, Situation; "
+            "from edgespec.proposers import DraftChain; "
+            "pol = AdaptiveK(CostModel([100.0 + 10 * n for n in range(8)], draft_ms=5.0), alpha0=0.9); "
+            "print(pol.choose(Situation((Offer(DraftChain(), 99),))).name)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.stdout.strip() == "draft", r.stderr

@@ -60,7 +60,7 @@ def test_core_on_the_tiny_exports(home, tiny_dirs, tiny_self_export, tmp_path_fa
 def real_export():
     """The default pair in the user's cache (exported there once if missing, as tests/test_real.py does)."""
     from conftest import user_home
-    from edgespec_export import export_pair
+    from edgespec.export import export_pair
 
     with user_home():
         d = paths.default_export_dir()

@@ -128,7 +128,7 @@ CORRUPT = {
     (["chat", "{export}", "--latency-budget-ms", "inf"], "--latency-budget-ms"),
     (["bench", "{export}", "--latency-budget-ms", "nan"], "--latency-budget-ms"),
     (["chat", "{export}", "--draft-p-min", "1.5"], "--draft-p-min"),
-    ([], "choose a command: export, chat, generate, bench, eval, info"),
+    ([], "choose a command: export, chat, generate, serve, bench, eval, info"),
     (["info", "{file}"], "not a directory"),
     (["info", "{list_manifest}"], "not an edgespec manifest"),
     (["info", "{no_format}"], "not an edgespec manifest"),

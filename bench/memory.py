@@ -1,0 +1,128 @@
+"""Peak RSS of ``edgespec chat`` and ``edgespec generate --mode plain`` under several session memory settings.
+
+Every (setting, command) runs in a fresh process, one after the other, in one invocation, so the figures are
+side by side. A setting is a :class:`edgespec.onnx_model.SessionMemory` (``ort-defaults``: onnxruntime's own
+defaults, edgespec's settings before issue 17; ``edgespec``: today's default). The chat is a scripted
+conversation of ``--turns`` user turns with ``--max-new-tokens`` each (greedy, so every setting does the same
+work); the target's KV cache reaches about 1,000 positions with the defaults. For each run: RSS after loading,
+peak RSS (the kernel's ru_maxrss of the process), RSS growth per context token over the second half of the
+conversation (MB/token, least squares over every target run), and decode tok/s (the mean of the turns').
+
+    python bench/memory.py [EXPORT_DIR] [--settings ort-defaults,edgespec] [--turns 8] [--max-new-tokens 120]
+
+Loading real-pair graphs: hold /work/locks/real.lock (and bench.lock for the tok/s) around the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from edgespec import paths
+from edgespec.onnx_model import SessionMemory
+
+TURNS = [
+    "Write a Python function that parses a CSV file into a list of dictionaries.",
+    "Now add type hints and a docstring to it.",
+    "Explain how a hash map handles collisions, briefly.",
+    "Write a bash one-liner that counts lines in all .py files under a folder.",
+    "What is the difference between a process and a thread?",
+    "Write a unit test with pytest for the CSV function above.",
+    "Rewrite the CSV function without the csv module.",
+    "Summarise our conversation in three bullet points.",
+    "Write a SQL query that returns the ten most recent orders per customer.",
+    "How would you make that query fast on a large table?",
+]
+
+# The child: apply the setting, record (target cache length, RSS MB) after every target run, run the CLI.
+CHILD = r"""
+import json, sys
+import edgespec.onnx_model as om
+om.DEFAULT_MEMORY = om.SessionMemory(**json.loads(sys.argv[1]))
+log = open(sys.argv[2], "w")
+forward = om.OnnxLM.forward
+page_mb = __import__("os").sysconf("SC_PAGE_SIZE") / 2**20
+def recorded(self, ids, cache, *a, **k):
+    out = forward(self, ids, cache, *a, **k)
+    if self.spec.path.startswith("target"):
+        with open("/proc/self/statm") as f:
+            log.write(f"{cache.length} {int(f.read().split()[1]) * page_mb:.1f}\n")
+    return out
+om.OnnxLM.forward = recorded
+from edgespec.cli import main
+code = main(sys.argv[3:])
+log.close()
+sys.exit(code)
+"""
+
+
+def run_one(memory: SessionMemory, argv: list[str], stdin_text: str, tmp: Path) -> dict:
+    """One process: peak RSS (MB), RSS after the first target run, growth per context token, decode tok/s."""
+    trace = tmp / "trace.txt"
+    (tmp / "stdin.txt").write_text(stdin_text)
+    with open(tmp / "stdin.txt") as fin, open(tmp / "out.txt", "w") as fout, open(tmp / "err.txt", "w") as ferr:
+        p = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(dataclasses.asdict(memory)), str(trace), *argv],
+                             stdin=fin, stdout=fout, stderr=ferr)
+        _, status, usage = os.wait4(p.pid, 0)
+    err = (tmp / "err.txt").read_text()
+    if status != 0:
+        raise SystemExit(f"memory bench: {' '.join(argv)} failed:\n{err[-2000:]}")
+    points = [tuple(map(float, line.split())) for line in trace.read_text().splitlines()]
+    rates = [float(x) for x in re.findall(r"([\d.]+) tok/s", err)]
+    if not rates:  # generate --json prints its stats as JSON
+        rates = [json.loads((tmp / "out.txt").read_text())["stats"]["tokens_per_s"]]
+    half = [pt for pt in points if pt[0] >= points[-1][0] / 2]
+    slope = None
+    if len(half) >= 2:
+        xs, ys = [x for x, _ in half], [y for _, y in half]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        den = sum((x - mx) ** 2 for x in xs)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else None
+    return {"peak_rss_mb": usage.ru_maxrss / 1024, "rss_first_run_mb": points[0][1],
+            "rss_end_mb": points[-1][1], "context_tokens": int(points[-1][0]),
+            "growth_mb_per_token": slope, "decode_tok_s": sum(rates) / len(rates)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dir", nargs="?", default=str(paths.default_export_dir()))
+    ap.add_argument("--settings", default="ort-defaults,edgespec")
+    ap.add_argument("--commands", default="chat,chat-target-only,plain")
+    ap.add_argument("--turns", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=120)
+    ap.add_argument("--out", default=None, help="also write the JSON result here")
+    a = ap.parse_args()
+    settings = {name: SessionMemory.named(name) for name in a.settings.split(",")}
+    chat_in = "\n".join((TURNS * 4)[:a.turns]) + "\n"
+    commands = {
+        "chat": (["chat", a.dir, "--max-new-tokens", str(a.max_new_tokens)], chat_in),
+        "chat-target-only": (["chat", a.dir, "--mode", "plain", "--max-new-tokens", str(a.max_new_tokens)], chat_in),
+        "plain": (["generate", a.dir, "--json", "--mode", "plain", "--max-new-tokens", "256",
+                   "--prompt", TURNS[0]], ""),
+    }
+    result = {"command": "python bench/memory.py " + " ".join(sys.argv[1:]), "export": a.dir, "runs": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for cmd in a.commands.split(","):
+            argv, stdin_text = commands[cmd]
+            for name, mem in settings.items():
+                r = {"command": cmd, "setting": name, **run_one(mem, argv, stdin_text, Path(tmp))}
+                result["runs"].append(r)
+                g = r["growth_mb_per_token"]
+                print(f"{cmd:17s} {name:13s} peak {r['peak_rss_mb']:6.0f} MB | after first run "
+                      f"{r['rss_first_run_mb']:6.0f} MB | end {r['rss_end_mb']:6.0f} MB at {r['context_tokens']} "
+                      f"tokens | growth {'—' if g is None else f'{1024 * g:.0f} KB'}/token | "
+                      f"decode {r['decode_tok_s']:.1f} tok/s", flush=True)
+    if a.out:
+        Path(a.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,280 @@
+"""``edgespec voice``: the command (arguments, loading, the hands-free loop, ``--bench``).
+
+Bad input ends as one line (EdgespecError → the main CLI prints it): the input is read and checked for
+speech before any model is loaded, so a silent or broken WAV never reaches the LLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+MODES = ("spec", "plain")
+DEFAULT_BUDGET_MS = 250.0
+
+
+def _number(kind, what, ok):
+    def parse(s):
+        try:
+            v = kind(s)
+        except ValueError:
+            v = None
+        if v is None or (isinstance(v, float) and not math.isfinite(v)) or not ok(v):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
+        return v
+    return parse
+
+
+def add_voice_parser(sub) -> None:
+    """Add the ``voice`` subcommand to the CLI's subparsers."""
+    p = sub.add_parser("voice", help="offline voice assistant: speech in → speculative answer → speech out")
+    p.add_argument("dir", nargs="?", help="export directory (default: the default pair in the user cache)")
+    p.add_argument("--wav-in", help="answer the question spoken in this WAV file instead of the microphone")
+    p.add_argument("--wav-out", help="write the spoken answer to this WAV file instead of the speaker")
+    p.add_argument("--say", help="text to speech only: speak TEXT (to --wav-out or the speaker) and exit")
+    p.add_argument("--bench", metavar="DIR_OF_WAVS",
+                   help="median latencies over the spoken questions in DIR, speculation on and off in one run")
+    p.add_argument("--json", action="store_true", help="print the turn report (or the bench result) as JSON")
+    p.add_argument("--mode", choices=MODES, default="spec", help="spec: draft + target (default); plain: target only")
+    p.add_argument("--k", type=_number(int, "an integer ≥ 0", lambda v: v >= 0), default=None,
+                   help="fixed draft length K (default: adaptive K within --latency-budget-ms)")
+    p.add_argument("--latency-budget-ms", type=_number(float, "milliseconds > 0", lambda v: v > 0),
+                   default=DEFAULT_BUDGET_MS, help="adaptive K keeps each round under this (default %(default)g)")
+    p.add_argument("--max-new-tokens", type=_number(int, "an integer ≥ 1", lambda v: v >= 1), default=96)
+    p.add_argument("--temperature", type=_number(float, "a number ≥ 0", lambda v: v >= 0), default=0.0)
+    p.add_argument("--seed", type=_number(int, "an integer", lambda v: True), default=None)
+    p.add_argument("--system", default=None, help="system prompt (default: answer in one or two short sentences)")
+    p.add_argument("--tts", choices=("auto", "piper", "espeak"), default="auto",
+                   help="text-to-speech engine (auto: Piper, else espeak-ng)")
+    p.add_argument("--voice-model", help="a Piper voice .onnx (its .onnx.json next to it); default: en_US joe")
+    p.add_argument("--asr-dir", help="prepared Moonshine directory (default: the user cache; edgespec export --voice)")
+    p.add_argument("--provider", default="cpu", help="execution provider of the LLM (default cpu)")
+    p.add_argument("--threads", type=_number(int, "an integer ≥ 1", lambda v: v >= 1), default=None)
+    p.add_argument("--turns", type=_number(int, "an integer ≥ 1", lambda v: v >= 1), default=None,
+                   help="microphone: stop after this many answered questions (default: until Ctrl-C)")
+    p.add_argument("--out", help="--bench: also write the JSON result to this file")
+
+
+def load_asr(asr_dir: str | None, threads: int | None = None):
+    """The prepared Moonshine model; the default cache entry is prepared (or rebuilt) when the exporter is
+    installed. Raises EdgespecError naming the missing/corrupt file otherwise."""
+    from ..errors import EdgespecError
+    from .asr import MoonshineASR
+
+    try:
+        return MoonshineASR(asr_dir, threads=threads)
+    except EdgespecError as e:
+        if asr_dir is not None:
+            raise
+        try:
+            from edgespec.export.voice import prepare_moonshine
+        except ImportError:
+            raise e from None
+        prepare_moonshine()
+        return MoonshineASR(None, threads=threads)
+
+
+def _question_wavs(d: str) -> list[Path]:
+    from ..errors import EdgespecError
+
+    p = Path(d)
+    if not p.is_dir():
+        raise EdgespecError(f"{p}: not a directory of WAV files")
+    wavs = sorted(p.glob("*.wav"))
+    if not wavs:
+        raise EdgespecError(f"{p}: no .wav files in it")
+    return wavs
+
+
+def _check_out(path: str | None) -> None:
+    from ..errors import EdgespecError
+
+    if path is not None and not Path(path).expanduser().resolve().parent.is_dir():
+        raise EdgespecError(f"{path}: its directory does not exist")
+
+
+def _policy(a, decoder):
+    if a.k is not None:
+        return a.k
+    from ..adaptive import AdaptiveK
+
+    return AdaptiveK.for_decoder(decoder, latency_budget_ms=a.latency_budget_ms)
+
+
+def run_voice(a, export_dir) -> int:
+    """Run ``edgespec voice`` with parsed arguments ``a``; ``export_dir(arg, auto_export)`` resolves the export."""
+    from ..errors import EdgespecError
+    from .audio import find_speech, read_wav, write_wav
+    from .pipeline import VOICE_SYSTEM_PROMPT, NoSpeech, VoiceAssistant, WavSink
+    from .tts import load_tts
+
+    modes_given = sum(x is not None for x in (a.say, a.bench, a.wav_in))
+    if modes_given > 1:
+        raise EdgespecError("give one of --say, --bench and --wav-in")
+    _check_out(a.wav_out)
+    _check_out(a.out)
+    wavs = _question_wavs(a.bench) if a.bench else None
+    question = None
+    if a.wav_in is not None:  # read and check before loading any model
+        question = read_wav(a.wav_in)
+        if not find_speech(question, 16000).found:
+            raise NoSpeech(f"{a.wav_in}: no speech in the recording (silent or too quiet); nothing was sent to the model")
+    if wavs is None:  # no sound device support: one line pointing to --wav-in/--wav-out, before models load
+        from .devices import check_device
+
+        if a.wav_in is None and a.say is None:
+            check_device("input")
+        if a.wav_out is None:
+            check_device("output")
+    tts = load_tts(a.tts, a.voice_model)
+    if a.say is not None:
+        from .tts import speakable
+
+        if not speakable(a.say):
+            raise EdgespecError("--say needs some text")
+        s = tts.synthesize(speakable(a.say))
+        _emit(s, tts.rate, a.wav_out, write_wav)
+        return 0
+    asr = load_asr(a.asr_dir, a.threads)
+    from ..decoder import SpecDecoder
+
+    d = export_dir(a.dir, True)
+    dec = SpecDecoder.load(d, provider=a.provider, threads=a.threads, load_draft=a.mode == "spec" or bool(wavs),
+                           shared_thread_pool=True)
+    va = VoiceAssistant(asr, dec, tts, _policy(a, dec), a.mode,
+                        VOICE_SYSTEM_PROMPT if a.system is None else a.system, a.max_new_tokens, a.temperature,
+                        a.seed)
+    if wavs is not None:
+        return _bench(va, wavs, a)
+    if question is not None:
+        sink = WavSink()
+        report = va.turn(question, sink)
+        _emit(sink.samples(), tts.rate, a.wav_out, write_wav)
+        _print_turn(report, a.json)
+        return 0
+    return _loop(va, a)
+
+
+def _emit(samples, rate, wav_out, write_wav) -> None:
+    if wav_out is not None:
+        write_wav(wav_out, samples, rate)
+        return
+    from .devices import SpeakerSink
+
+    sink = SpeakerSink(rate)
+    sink.write(samples)
+    sink.close()
+
+
+def _print_turn(r, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(r.to_dict()))
+        return
+    print(f"you: {r.transcript}")
+    print(f"assistant: {r.answer}")
+    print(format_turn(r), file=sys.stderr)
+
+
+def format_turn(r) -> str:
+    """One line: the latencies a listener feels, then the rates."""
+    f = lambda v: "—" if v is None else f"{v:.0f} ms"  # noqa: E731
+    alpha = "" if r.alpha is None else f", alpha {r.alpha:.2f}"
+    tts = "—" if r.tts_rtf is None else f"{r.tts_rtf:.3f}"
+    return (f"[end of speech → transcript {f(r.eos_to_transcript_ms)}, → first token {f(r.eos_to_first_token_ms)}, "
+            f"→ first audio {f(r.eos_to_first_audio_ms)}; ASR RTF {r.asr_rtf:.3f}, TTS RTF {tts} ({r.tts_engine}); "
+            f"{r.new_tokens} tokens, {r.decode_tok_s:.1f} tok/s{alpha}; {r.mode}]")
+
+
+def _loop(va, a) -> int:
+    from .devices import SpeakerSink, listen
+    from .pipeline import NoSpeech
+
+    print("edgespec voice: listening (speak a question; Ctrl-C to quit)", file=sys.stderr)
+    answered = 0
+    while a.turns is None or answered < a.turns:
+        try:
+            audio, t_eos = listen()
+        except NoSpeech:
+            continue
+        sink = SpeakerSink(va.tts.rate)
+        try:
+            report = va.turn(audio, sink, t_eos=t_eos)
+        except NoSpeech as e:
+            print(f"edgespec: {e}", file=sys.stderr)
+            continue
+        finally:
+            sink.close()
+        _print_turn(report, a.json)
+        answered += 1
+    return 0
+
+
+def _median(xs):
+    import numpy as np
+
+    xs = [x for x in xs if x is not None]
+    return float(np.median(xs)) if xs else None
+
+
+def _bench(va, wavs, a) -> int:
+    """Every question with speculation on and off (order alternating per question), after a warm-up turn each;
+    the conversation is reset before each turn so both modes answer the same prompt."""
+    from .audio import read_wav
+    from .pipeline import NoSpeech, WavSink
+
+    questions = [(p.name, read_wav(p)) for p in wavs]
+    for mode in MODES:  # warm-up, not counted: first runs of every session
+        va.reset()
+        try:
+            va.turn(questions[0][1], WavSink(), mode=mode)
+        except NoSpeech:
+            pass
+    turns = []
+    for i, (name, audio) in enumerate(questions):
+        for mode in (MODES if i % 2 == 0 else MODES[::-1]):
+            va.reset()
+            t0 = time.perf_counter()
+            try:
+                r = va.turn(audio, WavSink(), t_eos=t0, mode=mode)
+            except NoSpeech as e:
+                print(f"edgespec: {name}: {e}; skipped", file=sys.stderr)
+                break
+            turns.append({"question": name, **r.to_dict()})
+            if not a.json:
+                print(f"{name} {mode}: {format_turn(r)}", file=sys.stderr)
+    keys = ("eos_to_transcript_ms", "eos_to_first_token_ms", "eos_to_first_audio_ms", "asr_rtf", "tts_rtf",
+            "decode_tok_s", "alpha", "new_tokens")
+    summary = {m: {k: _median([t[k] for t in turns if t["mode"] == m]) for k in keys} for m in MODES}
+    on, off = summary["spec"]["eos_to_first_audio_ms"], summary["plain"]["eos_to_first_audio_ms"]
+    result = {"command": "edgespec " + " ".join(sys.argv[1:]), "questions": len(questions),
+              "tts_engine": va.tts.name, "summary": summary, "turns": turns,
+              "first_audio_spec_over_plain": (on / off) if on and off else None}
+    if a.out:
+        out = Path(a.out)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps(result, indent=1))
+        tmp.replace(out)
+    if a.json:
+        print(json.dumps(result))
+    else:
+        print(format_bench(result))
+    return 0
+
+
+def format_bench(result: dict) -> str:
+    """A Markdown table of the medians, one row per mode."""
+    rows = ["| mode | end of speech → transcript ms | → first token ms | → first audio ms | ASR RTF | TTS RTF "
+            "| decode tok/s | alpha |", "|---|---|---|---|---|---|---|---|"]
+    f = lambda v, p=0: "—" if v is None else f"{v:.{p}f}"  # noqa: E731
+    for m, s in result["summary"].items():
+        rows.append(f"| {m} | {f(s['eos_to_transcript_ms'])} | {f(s['eos_to_first_token_ms'])} | "
+                    f"{f(s['eos_to_first_audio_ms'])} | {f(s['asr_rtf'], 3)} | {f(s['tts_rtf'], 3)} | "
+                    f"{f(s['decode_tok_s'], 1)} | {f(s['alpha'], 2)} |")
+    r = result["first_audio_spec_over_plain"]
+    rows.append(f"\n{result['questions']} questions, TTS {result['tts_engine']}; median first audio spec/plain: "
+                f"{'—' if r is None else f'{r:.2f}×'}")
+    return "\n".join(rows)

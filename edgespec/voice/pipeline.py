@@ -1,0 +1,212 @@
+"""One voice turn: question audio → end of speech → transcript → speculative answer → spoken sentences.
+
+The answer streams out of ``SpecDecoder.generate`` on the calling thread; each complete sentence goes to a
+text-to-speech thread at once, so the first sentence is being synthesized (and played) while the decoder
+still works on the rest. onnxruntime releases the GIL, so the two overlap on separate cores.
+
+All latencies of a :class:`TurnReport` are measured from the end of speech (``t_eos``, perf_counter s): for
+a live microphone the moment the endpointer heard the speaker stop, for a WAV file the moment it was read.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..errors import EdgespecError
+from .asr import SAMPLE_RATE
+from .audio import find_speech
+from .tts import speakable, timed_synthesize
+
+VOICE_SYSTEM_PROMPT = ("You are a voice assistant. Answer in one or two short spoken sentences of plain words: "
+                       "no lists, no code, no Markdown.")
+_BOUNDARY = re.compile(r"(?<=[.!?;:])\s+|\n+")
+LONG_CLAUSE_CHARS = 120  # a clause longer than this is spoken up to its last comma
+FIRST_CLAUSE_WORDS = 4  # the answer's first chunk may end at a comma once it has this many words
+
+
+class NoSpeech(EdgespecError):
+    """The recording holds no speech (silent, too quiet, or nothing recognized); the LLM is not called."""
+
+
+def split_sentences(buf: str, final: bool = False, first: bool = False) -> tuple[list[str], str]:
+    """Complete sentences at the front of ``buf`` and the unfinished rest. A sentence ends at . ! ? ; : followed
+    by whitespace, or a newline; a clause over :data:`LONG_CLAUSE_CHARS` characters ends at its last comma.
+    ``first`` (nothing of the answer spoken yet): a comma after :data:`FIRST_CLAUSE_WORDS` words also ends
+    the chunk, so that the first sound does not wait for a long first sentence. ``final`` flushes the rest."""
+    out = []
+    while True:
+        m = _BOUNDARY.search(buf)
+        if m is None:
+            break
+        out.append(buf[:m.start()])
+        buf = buf[m.end():]
+    if first and not out:
+        m = re.search(r",\s", buf)
+        if m is not None and len(buf[:m.start()].split()) >= FIRST_CLAUSE_WORDS:
+            out.append(buf[:m.start() + 1])
+            buf = buf[m.end():]
+    if len(buf) > LONG_CLAUSE_CHARS and ", " in buf:
+        cut = buf.rindex(", ") + 1
+        out.append(buf[:cut])
+        buf = buf[cut + 1:]
+    if final:
+        out.append(buf)
+        buf = ""
+    return [s.strip() for s in out if speakable(s)], buf
+
+
+@dataclass
+class TurnReport:
+    """What one turn took. Times in ms from the end of speech; rtf = compute time / audio time."""
+
+    transcript: str
+    answer: str
+    mode: str
+    question_s: float
+    eos_to_transcript_ms: float
+    eos_to_first_token_ms: float | None
+    eos_to_first_audio_ms: float | None
+    asr_rtf: float
+    tts_rtf: float | None
+    answer_audio_s: float
+    decode_tok_s: float
+    new_tokens: int
+    alpha: float | None
+    sentences: int
+    tts_engine: str
+    prefill_ms: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class _Speaker(threading.Thread):
+    """TTS worker: synthesizes queued sentences in order and hands the samples to ``sink.write``."""
+
+    def __init__(self, tts, sink):
+        super().__init__(daemon=True)
+        self.tts, self.sink = tts, sink
+        self.q: queue.Queue = queue.Queue()
+        self.first_audio: float | None = None
+        self.first_done = threading.Event()  # the first sentence is synthesized (or came out empty, or failed)
+        self.tts_ms, self.samples, self.error = 0.0, 0, None
+
+    def run(self):
+        while (text := self.q.get()) is not None:
+            if self.error is not None:
+                continue
+            try:
+                s, ms = timed_synthesize(self.tts, speakable(text))
+                self.tts_ms += ms
+                if s.size:
+                    if self.first_audio is None:
+                        self.first_audio = time.perf_counter()
+                    self.samples += s.size
+                    self.first_done.set()
+                    self.sink.write(s)
+            except Exception as e:  # reported on the calling thread
+                self.error = e
+            finally:
+                self.first_done.set()
+        self.first_done.set()
+
+
+class VoiceAssistant:
+    """ASR + speculative decoder + TTS, with one K controller and the conversation kept across turns."""
+
+    def __init__(self, asr, decoder, tts, policy=None, mode: str = "spec", system: str = VOICE_SYSTEM_PROMPT,
+                 max_new_tokens: int = 96, temperature: float = 0.0, seed: int | None = None,
+                 history_turns: int = 4, first_sentence_first: bool = True):
+        """``mode``: ``spec`` (the draft model proposes) or ``plain`` (the target alone). ``policy``: a K policy
+        (e.g. :class:`~edgespec.adaptive.AdaptiveK` with a latency budget) or a fixed int K. ``history_turns`` earlier question/answer pairs are kept.
+        ``first_sentence_first``: the decoder waits while the first sentence is synthesized (on a 2-core CPU
+        the two would share the cores and delay the first sound); it resumes while that sentence plays."""
+        self.asr, self.decoder, self.tts, self.policy = asr, decoder, tts, policy
+        self.mode, self.system, self.max_new_tokens = mode, system, max_new_tokens
+        self.temperature, self.seed, self.history_turns = temperature, seed, history_turns
+        self.first_sentence_first = first_sentence_first
+        self.history: list[dict] = []
+
+    def reset(self) -> None:
+        """Forget the conversation."""
+        self.history = []
+
+    def turn(self, audio: np.ndarray, sink, t_eos: float | None = None, mode: str | None = None) -> TurnReport:
+        """Answer one spoken question: 16 kHz mono float32 (S,) → spoken answer written to ``sink``.
+
+        Raises:
+            NoSpeech: silence or nothing recognized (nothing is sent to the LLM, the sink gets nothing).
+        """
+        t_eos = time.perf_counter() if t_eos is None else t_eos
+        mode = mode or self.mode
+        sp = find_speech(audio, SAMPLE_RATE)
+        if not sp.found:
+            raise NoSpeech("no speech in the recording (silent or too quiet); nothing was sent to the model")
+        tr = self.asr.transcribe(audio[sp.start:sp.end])
+        t_transcript = time.perf_counter()
+        if not tr.text.strip():
+            raise NoSpeech("no words recognized in the recording; nothing was sent to the model")
+        messages = ([{"role": "system", "content": self.system}] if self.system else []) + self.history
+        messages = messages + [{"role": "user", "content": tr.text}]
+        kw = dict(max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=self.seed)
+        if mode == "plain":
+            gen = self.decoder.generate(messages=messages, proposers=(), **kw)
+        elif isinstance(self.policy, int):
+            gen = self.decoder.generate(messages=messages, proposers=("draft",), k=self.policy, **kw)
+        else:
+            gen = self.decoder.generate(messages=messages, proposers=("draft",), policy=self.policy, **kw)
+        speaker = _Speaker(self.tts, sink)
+        speaker.start()
+        t_first_token, buf, n_sent = None, "", 0
+        try:
+            for piece in gen:
+                if t_first_token is None:
+                    t_first_token = time.perf_counter()
+                sentences, buf = split_sentences(buf + piece, first=n_sent == 0)
+                for s in sentences:
+                    speaker.q.put(s)
+                    n_sent += 1
+                if sentences and n_sent == len(sentences) and self.first_sentence_first:
+                    speaker.first_done.wait()
+            sentences, _ = split_sentences(buf, final=True)
+            for s in sentences:
+                speaker.q.put(s)
+                n_sent += 1
+        finally:
+            speaker.q.put(None)
+            speaker.join()
+        if speaker.error is not None:
+            raise EdgespecError(f"text to speech failed: {speaker.error}")
+        self.history = (self.history + [{"role": "user", "content": tr.text},
+                                        {"role": "assistant", "content": gen.text}])[-2 * self.history_turns:]
+        st = gen.stats
+        audio_s = speaker.samples / self.tts.rate
+        ms = lambda t: None if t is None else (t - t_eos) * 1e3  # noqa: E731
+        return TurnReport(
+            transcript=tr.text, answer=gen.text.strip(), mode=mode, question_s=tr.audio_s,
+            eos_to_transcript_ms=ms(t_transcript), eos_to_first_token_ms=ms(t_first_token),
+            eos_to_first_audio_ms=ms(speaker.first_audio), asr_rtf=tr.rtf,
+            tts_rtf=speaker.tts_ms / 1e3 / audio_s if audio_s > 0 else None, answer_audio_s=audio_s,
+            decode_tok_s=st.decode_tokens_per_s, new_tokens=st.new_tokens,
+            alpha=st.alpha if mode != "plain" and st.proposed else None, sentences=n_sent,
+            tts_engine=self.tts.name, prefill_ms=st.prefill_ms)
+
+
+class WavSink:
+    """Collects int16 samples in memory; ``samples()`` joins them."""
+
+    def __init__(self):
+        self.parts: list[np.ndarray] = []
+
+    def write(self, s: np.ndarray) -> None:
+        self.parts.append(s)
+
+    def samples(self) -> np.ndarray:
+        return np.concatenate(self.parts) if self.parts else np.zeros(0, np.int16)
