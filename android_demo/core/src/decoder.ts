@@ -118,6 +118,12 @@ export class SpecDecoder {
     if (messages !== undefined) {
       if (!messages.length) throw new EdgespecError("messages is empty");
       if (!this.template) throw new EdgespecError("this export has no chat template; pass a raw prompt");
+      // only the template's markup may make control tokens; the Python runtime encodes such text as plain
+      // text, the core refuses it (tokenizers.js cannot encode added-token text as ordinary text)
+      messages.forEach((m, i) => {
+        const t = this.tokenizer.controlTokenIn(m.content);
+        if (t) throw new EdgespecError(`messages[${i}] contains the control token ${t} as text, which the core does not accept`);
+      });
       text = this.template.render(messages);
     }
     const ids = this.tokenizer.encode(text);

@@ -37,6 +37,12 @@ export class TextTokenizer {
     return this.tok.decode([...ids], { skip_special_tokens: skipSpecialTokens, clean_up_tokenization_spaces: false });
   }
 
+  /** The first added (control) token whose text occurs in `text`, or null. */
+  controlTokenIn(text: string): string | null {
+    for (const t of this.tok.get_added_tokens_decoder().values()) if (t.content && text.includes(t.content)) return t.content;
+    return null;
+  }
+
   idToToken(id: number): string | undefined {
     return this.tok.id_to_token(id);
   }
