@@ -26,17 +26,19 @@ from .tts import speakable, timed_synthesize
 VOICE_SYSTEM_PROMPT = ("You are a voice assistant. Answer in one or two short spoken sentences of plain words: "
                        "no lists, no code, no Markdown.")
 _BOUNDARY = re.compile(r"(?<=[.!?;:])\s+|\n+")
-LONG_CLAUSE_CHARS = 120  # a first clause longer than this is spoken up to its last comma
+LONG_CLAUSE_CHARS = 120  # a clause longer than this is spoken up to its last comma
+FIRST_CLAUSE_WORDS = 4  # the answer's first chunk may end at a comma once it has this many words
 
 
 class NoSpeech(EdgespecError):
     """The recording holds no speech (silent, too quiet, or nothing recognized); the LLM is not called."""
 
 
-def split_sentences(buf: str, final: bool = False) -> tuple[list[str], str]:
+def split_sentences(buf: str, final: bool = False, first: bool = False) -> tuple[list[str], str]:
     """Complete sentences at the front of ``buf`` and the unfinished rest. A sentence ends at . ! ? ; : followed
     by whitespace, or a newline; a clause over :data:`LONG_CLAUSE_CHARS` characters ends at its last comma.
-    ``final`` flushes the rest as a sentence."""
+    ``first`` (nothing of the answer spoken yet): a comma after :data:`FIRST_CLAUSE_WORDS` words also ends
+    the chunk, so that the first sound does not wait for a long first sentence. ``final`` flushes the rest."""
     out = []
     while True:
         m = _BOUNDARY.search(buf)
@@ -44,6 +46,11 @@ def split_sentences(buf: str, final: bool = False) -> tuple[list[str], str]:
             break
         out.append(buf[:m.start()])
         buf = buf[m.end():]
+    if first and not out:
+        m = re.search(r",\s", buf)
+        if m is not None and len(buf[:m.start()].split()) >= FIRST_CLAUSE_WORDS:
+            out.append(buf[:m.start() + 1])
+            buf = buf[m.end():]
     if len(buf) > LONG_CLAUSE_CHARS and ", " in buf:
         cut = buf.rindex(", ") + 1
         out.append(buf[:cut])
@@ -162,7 +169,7 @@ class VoiceAssistant:
             for piece in gen:
                 if t_first_token is None:
                     t_first_token = time.perf_counter()
-                sentences, buf = split_sentences(buf + piece)
+                sentences, buf = split_sentences(buf + piece, first=n_sent == 0)
                 for s in sentences:
                     speaker.q.put(s)
                     n_sent += 1
