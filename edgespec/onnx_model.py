@@ -14,7 +14,11 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+if hasattr(ort, "disable_telemetry_events"):  # also when onnxruntime was imported before edgespec set the opt-out
+    ort.disable_telemetry_events()
+
 from .errors import EdgespecError
+from .integrity import check_graph
 from .manifest import GraphSpec
 
 PROVIDERS = {
@@ -325,10 +329,12 @@ class OnnxLM:
     """
 
     def __init__(self, spec: GraphSpec, export_dir: str | Path, provider: str = "cpu", threads: int | None = None,
-                 provider_options: dict | None = None):
-        session = open_session(Path(export_dir) / spec.path, provider, provider_options, threads)
+                 provider_options: dict | None = None, role: str = "target"):
+        path = Path(export_dir) / spec.path
+        session = open_session(path, provider, provider_options, threads)
         self._setup(spec, session)
         self.export_dir = Path(export_dir)
+        check_graph(session, spec, role, path, self._past, self._outputs)  # the manifest describes this graph
 
     @classmethod
     def from_session(cls, spec: GraphSpec, session: ort.InferenceSession) -> "OnnxLM":
@@ -340,6 +346,7 @@ class OnnxLM:
     def _setup(self, spec: GraphSpec, session: ort.InferenceSession) -> None:
         self.spec = spec
         self.session = session
+        self.vocab_limit: int | None = None  # logits columns past this are cut off (ids the tokenizer lacks)
         self.provider = short_provider_name(session.get_providers()[0])  # the execution provider in use
         self._past = [n for pair in spec.past_names() for n in pair]
         self._outputs = ["logits"] + [f"present.{i}.{kind}" for i in range(spec.num_layers)
@@ -368,7 +375,8 @@ class OnnxLM:
         ``position_ids`` int64 (T,) defaults to ``cache.length + arange(T)``; ``mask`` bool (1, 1, T, P+T)
         defaults to causal. Returns logits float32 (T, V), or with ``keep`` = N > 0 those of the last N rows
         only, (min(N, T), V): the graph then skips the output head for the other rows (a prefill or catch-up
-        needs one row), if the export has the ``logits_keep`` input; older exports slice afterwards.
+        needs one row), if the export has the ``logits_keep`` input; older exports slice afterwards. With
+        ``vocab_limit`` set, V is cut to it (a head padded past the tokenizer's ids).
         """
         ids = np.asarray(ids, dtype=np.int64)
         p, t = cache.length, len(ids)
@@ -385,7 +393,8 @@ class OnnxLM:
             out = self.session.run(self._outputs, feeds)
             cache.tensors = out[1:]
             logits = out[0]
-        return logits[0][-keep:] if keep > 0 else logits[0]
+        logits = logits[0][-keep:] if keep > 0 else logits[0]
+        return logits[:, :self.vocab_limit] if self.vocab_limit is not None else logits
 
     def _run_in_place(self, feeds: dict, cache: SharedKVCache, total: int) -> np.ndarray:
         """One run with IO binding: the cache buffers are both past and present; only ``logits`` is new."""

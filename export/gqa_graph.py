@@ -33,15 +33,37 @@ def _np(t) -> np.ndarray:
 
 
 class _Graph:
-    """A growing list of nodes and initializers with unique names."""
+    """A growing list of nodes and initializers with unique names.
 
-    def __init__(self):
+    Initializers of 1 KiB or more go straight to the external data file ``data`` as they are made, so the
+    graph never holds a second copy of the weights in memory (the PyTorch model stays loaded for validation).
+    """
+
+    def __init__(self, data: Path | None = None):
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
+        self.data = data
+        self._file = open(data, "wb") if data is not None else None
 
     def init(self, name: str, array: np.ndarray) -> str:
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        array = np.ascontiguousarray(array)
+        if self._file is None or array.nbytes < 1024:
+            self.inits.append(numpy_helper.from_array(array, name))
+            return name
+        offset = self._file.tell()
+        pad = -offset % 4096  # page-aligned, so onnxruntime can map the weights
+        self._file.write(b"\0" * pad)
+        array.tofile(self._file)
+        t = onnx.TensorProto(name=name, dims=array.shape, data_type=helper.np_dtype_to_tensor_dtype(array.dtype),
+                             data_location=onnx.TensorProto.EXTERNAL)
+        for k, v in (("location", self.data.name), ("offset", str(offset + pad)), ("length", str(array.nbytes))):
+            t.external_data.add(key=k, value=v)
+        self.inits.append(t)
         return name
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
 
     def node(self, op: str, inputs: list[str], name: str, n_out: int = 1, domain: str = "", **attrs) -> list[str]:
         outs = [f"{name}/out{i}" for i in range(n_out)]
@@ -78,14 +100,23 @@ def rotary_caches(model, length: int) -> tuple[np.ndarray, np.ndarray]:
     return (np.cos(angles) * scale).astype(np.float32), (np.sin(angles) * scale).astype(np.float32)
 
 
-def build_model(model) -> onnx.ModelProto:
-    """The format-3 ModelProto (fp32 weights) of a transformers Qwen2/Llama causal LM."""
+def build_model(model, data: Path | None = None) -> onnx.ModelProto:
+    """The format-3 ModelProto (fp32 weights) of a transformers Qwen2/Llama causal LM; with ``data``, its
+    large initializers are written to that file (external data next to the model) instead of held inline."""
     config = model.config
     _check(config)
+    g = _Graph(data)
+    try:
+        return _build(model, g)
+    finally:
+        g.close()
+
+
+def _build(model, g: _Graph) -> onnx.ModelProto:
+    config = model.config
     layers, kv, hd = kv_shape(config)
     heads, eps = config.num_attention_heads, float(config.rms_norm_eps)
     ctx = int(getattr(config, "max_position_embeddings", 4096))
-    g = _Graph()
     g.init("const/one_i32", np.array([1], np.int32))
     g.init("const/zero_f", np.array(0.0, np.float32))
     g.init("const/min_f", np.array(np.finfo(np.float32).min, np.float32))
@@ -182,9 +213,8 @@ def export_format3(model, out_path: Path) -> tuple[list[str], list[str]]:
         EdgespecError: the architecture or one of its options has no format-3 graph.
     """
     out_path = Path(out_path)
-    proto = build_model(model)
-    onnx.save_model(proto, str(out_path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=out_path.name + ".data", size_threshold=1024)
+    proto = build_model(model, out_path.with_name(out_path.name + ".data"))
+    onnx.save_model(proto, str(out_path))
     del proto
     ins, outs = io_names(kv_shape(model.config)[0])
     return ins + [LOGITS_KEEP], outs
