@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--voice", action="store_true",
                    help="prepare the speech-recognition model of `edgespec voice` (Moonshine) instead of a pair")
 
-    p = sub.add_parser("chat", help="interactive chat (streams; /reset /stats /exit)")
+    p = sub.add_parser("chat", help="interactive chat (streams; /reset /stats /system /help /exit)")
     _add_generation_options(p)
     p.add_argument("--show-accept", action="store_true",
                    help="underline (on a terminal) text that came from accepted draft tokens")
