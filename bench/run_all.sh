@@ -2,6 +2,8 @@
 # Re-runs every benchmark recorded in docs/benchmarks.md (about an hour on the 2-core CI machine).
 # Needs the default pair exported (edgespec export) and the pruned-draft variant:
 #   edgespec export --draft-vocab 32768 --out ~/.cache/edgespec/exports/qwen2.5-coder-1.5b+0.5b-v32k
+# and, for the context sweep, the pair in graph format 3:
+#   edgespec export --graph-format 3 --out ~/.cache/edgespec/exports/qwen-f3
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=bench/results
@@ -10,6 +12,8 @@ edgespec bench --modes plain,k2,k4,adaptive,lookup,adaptive+lookup,adaptive+tree
 edgespec bench ~/.cache/edgespec/exports/qwen2.5-coder-1.5b+0.5b-v32k \
   --modes plain,k2,adaptive,adaptive+lookup --per-class 3 --repeats 3 --cost-curve --out $out/draftvocab32k-int4
 edgespec bench --modes plain,k4,tree4,k8,tree8 --per-class 2 --out $out/tree-vs-chain-int4
+edgespec bench ~/.cache/edgespec/exports/qwen2.5-coder-1.5b+0.5b --also ~/.cache/edgespec/exports/qwen-f3 \
+  --context 128,1024,2048,3500 --max-new-tokens 48 --out $out/context-f2-vs-f3
 edgespec eval --out $out/eval-default-int4.json
 python bench/microbench.py
 python bench/confidence_proxy.py

@@ -3,24 +3,31 @@
 The runtime needs only onnxruntime, numpy, tokenizers and jinja2. The exporter is the
 ``edgespec.export`` subpackage (directory ``export/``; its dependencies: ``pip install edgespec[export]``),
 never imported by the runtime; pair recipes in ``edgespec.models`` (directory ``models/``).
+
+Importing edgespec opts this process out of onnxruntime's telemetry (``ORT_DISABLE_TELEMETRY=1``, and
+``ORT_TELEMETRY_DISABLED=1`` for newer releases) unless the variables are already set: onnxruntime ≥ 1.29 on
+Linux otherwise writes a device id and an event database under ``~/.cache/Microsoft/DeveloperTools`` and
+queues usage events when it initialises. It only takes effect if onnxruntime was not imported before
+edgespec. The public names are imported on first use, so ``import edgespec.cli`` stays light (a Ctrl-C
+during start-up reaches the CLI's handler).
 """
+
+import os as _os
+
+for _var in ("ORT_DISABLE_TELEMETRY", "ORT_TELEMETRY_DISABLED"):
+    _os.environ.setdefault(_var, "1")
 
 __version__ = "0.1.0"
 
-from .adaptive import AdaptiveK  # noqa: E402
-from .errors import EdgespecError  # noqa: E402
-from .generation import Generation, GenerationOptions  # noqa: E402
-from .kpolicy import KPolicy, RoundPlan, RoundResult  # noqa: E402
-from .proposers import Proposal, Proposer, register  # noqa: E402
-from .stats import GenerationStats  # noqa: E402
-
-__all__ = ["AdaptiveK", "EdgespecError", "Generation", "GenerationOptions", "GenerationStats", "KPolicy",
-           "Proposal", "Proposer", "RoundPlan", "RoundResult", "SpecDecoder", "register", "__version__"]
+_PUBLIC = {"AdaptiveK": "adaptive", "SpecDecoder": "decoder", "EdgespecError": "errors", "Generation": "generation",
+           "GenerationOptions": "generation", "KPolicy": "kpolicy", "RoundPlan": "kpolicy", "RoundResult": "kpolicy",
+           "Proposal": "proposers", "Proposer": "proposers", "register": "proposers", "GenerationStats": "stats"}
+__all__ = sorted(_PUBLIC) + ["__version__"]
 
 
-def __getattr__(name):  # SpecDecoder imports onnxruntime: only when asked for (the controller does not need it)
-    if name == "SpecDecoder":
-        from .decoder import SpecDecoder
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        import importlib
 
-        return SpecDecoder
+        return getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
     raise AttributeError(f"module 'edgespec' has no attribute {name!r}")

@@ -10,6 +10,7 @@ across sessions.
 from __future__ import annotations
 
 import copy
+import math
 import platform
 import resource
 import time
@@ -63,9 +64,12 @@ class Mode:
                 return Mode(name, first=first, tree=tree)
             if base.startswith("adaptive@"):
                 try:
-                    return Mode(name, budget_ms=float(base.split("@", 1)[1]), first=first, tree=tree)
+                    budget = float(base.split("@", 1)[1])
                 except ValueError:
-                    pass
+                    budget = None
+                if budget is not None and math.isfinite(budget) and budget > 0:
+                    return Mode(name, budget_ms=budget, first=first, tree=tree)
+                raise ValueError(f"mode {name!r}: the latency budget must be a finite number of milliseconds > 0")
         raise ValueError(f"unknown mode {name!r} (plain, k<K>, tree<N>, adaptive, adaptive@<ms>, "
                          f"{', '.join(known)}, adaptive+tree, …+<proposer>)")
 

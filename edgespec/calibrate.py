@@ -76,14 +76,31 @@ def plain_step_ms(decoder, context: int = 16, reps: int = 3) -> float:
     return float(np.median(ts))
 
 
-def _cached(path: Path, decoder) -> CostModel | None:
-    """The cached cost model at ``path`` if it still describes this machine: its t_v(1) within
-    :data:`STALE_FACTOR` of a plain step measured now. None: missing, unreadable or stale (re-measure)."""
+def read_cost(path: Path, k_max: int) -> CostModel | None:
+    """The cost model cached at ``path`` if it is a valid one: ``verify_ms`` k_max+1 finite times > 0, finite
+    ``draft_ms`` and ``draft_prefill_ms`` > 0. Anything else (missing, unreadable, a directory, strings,
+    zeros, a list) is None: the caller measures again and rewrites the entry."""
+    def ms(v) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (np.isfinite(v) and v > 0):
+            raise ValueError(v)
+        return float(v)
+
     try:
-        cost = CostModel(**json.loads(path.read_text()))
-        cached = float(cost.verify_ms[0])
-    except (OSError, ValueError, TypeError, IndexError, KeyError):
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        cost = CostModel(verify_ms=[ms(v) for v in raw["verify_ms"]], draft_ms=ms(raw["draft_ms"]),
+                         draft_prefill_ms=ms(raw["draft_prefill_ms"]))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
+    return cost if len(cost.verify_ms) == k_max + 1 else None
+
+
+def _cached(path: Path, decoder, k_max: int) -> CostModel | None:
+    """The cached cost model at ``path`` if it is valid (:func:`read_cost`) and still describes this machine:
+    its t_v(1) within :data:`STALE_FACTOR` of a plain step measured now. None: re-measure."""
+    cost = read_cost(path, k_max)
+    if cost is None:
+        return None
+    cached = cost.verify_ms[0]
     now = plain_step_ms(decoder)
     if not (cached > 0 and 1 / STALE_FACTOR <= now / cached <= STALE_FACTOR):
         return None
@@ -100,8 +117,8 @@ def calibrate(decoder, k_max: int = 6, context: int = 128, reps: int = 5, use_ca
     than :data:`STALE_FACTOR`. The controller keeps the model current from then on (see :mod:`.adaptive`).
     """
     path = calibration_path(decoder, k_max)
-    if use_cache and path.is_file():
-        cost = _cached(path, decoder)
+    if use_cache and path.exists():
+        cost = _cached(path, decoder, k_max)
         if cost is not None:
             return cost
     rng = np.random.default_rng(0)
@@ -132,8 +149,7 @@ def calibrate(decoder, k_max: int = 6, context: int = 128, reps: int = 5, use_ca
     draft = timed(decoder.draft, [1])[1] if decoder.draft is not None else verify[0]
     cost = CostModel(verify_ms=verify, draft_ms=draft,
                      draft_prefill_ms=prefill.get(decoder.draft, prefill[decoder.target]))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(asdict(cost)))
-    os.replace(tmp, path)
+    if paths.cache_dir("calibration") is not None:  # else: measured again next time (warned once)
+        paths.sweep_stale(path.parent)
+        paths.write_atomic(path, json.dumps(asdict(cost)))
     return cost

@@ -10,10 +10,11 @@ import json
 import math
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from . import paths
-from .errors import EdgespecError
+from .errors import EdgespecError, EdgespecWarning
 from .stats import format_stats
 
 
@@ -88,7 +89,7 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=_temperature, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=_nonneg_int, default=0, help="0 = off")
     p.add_argument("--top-p", type=_top_p, default=1.0, help="1 = off")
-    p.add_argument("--seed", type=_int, default=None)
+    p.add_argument("--seed", type=_nonneg_int, default=None)
     p.add_argument("--max-new-tokens", type=_pos_int, default=512)
     p.add_argument("--k", type=_nonneg_int, default=None, help="fixed draft length K (default: adaptive)")
     p.add_argument("--latency-budget-ms", type=_latency_ms, default=None,
@@ -134,13 +135,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the output head at this many bits")
     p.add_argument("--draft-vocab", type=_pos_int, default=None,
                    help="prune the draft's lm_head to this many frequent token ids (FR-Spec), e.g. 32768")
+    p.add_argument("--force", action="store_true",
+                   help="replace --out even if it is not an edgespec export or holds other files (deletes them)")
     p.add_argument("--graph-format", type=int, choices=(2, 3), default=None,
                    help="3: in-place KV cache and fused GroupQueryAttention; 2: the traced graph "
                         "(default: the exporter's, see README)")
     p.add_argument("--voice", action="store_true",
                    help="prepare the speech-recognition model of `edgespec voice` (Moonshine) instead of a pair")
 
-    p = sub.add_parser("chat", help="interactive chat (streams; /reset /stats /exit)")
+    p = sub.add_parser("chat", help="interactive chat (streams; /reset /stats /system /help /exit)")
     _add_generation_options(p)
     p.add_argument("--show-accept", action="store_true",
                    help="underline (on a terminal) text that came from accepted draft tokens")
@@ -175,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-class", type=_pos_int, default=None, help="built-in prompts per class (default all)")
     p.add_argument("--max-new-tokens", type=_pos_int, default=128)
     p.add_argument("--temperature", type=_temperature, default=0.0)
-    p.add_argument("--seed", type=_int, default=0)
+    p.add_argument("--seed", type=_nonneg_int, default=0)
     _add_provider_options(p)
     p.add_argument("--threads", type=_pos_int, default=None)
     p.add_argument("--cost-curve", action="store_true",
@@ -204,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", nargs="?")
     _add_provider_options(p)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--verify", action="store_true",
+                   help="check every file's size and sha256 against the manifest (exit 1 on a mismatch)")
 
     from .voice.cli import add_voice_parser
 
@@ -230,6 +235,15 @@ def _export_dir(arg: str | None, auto_export: bool) -> Path:
     return d
 
 
+def _read_stdin() -> str:
+    """All of stdin as text; undecodable bytes are an error naming stdin (never a traceback)."""
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise EdgespecError(f"stdin is not valid UTF-8 text (byte {e.start}: {data[e.start:e.start + 1]!r})") from None
+
+
 def _cmd_export(a) -> int:
     try:
         from edgespec.export import ExportOptions, export_pair
@@ -253,7 +267,7 @@ def _cmd_export(a) -> int:
 
         if a.pair not in models.available():
             raise EdgespecError(f"unknown pair recipe {a.pair!r} (known: {', '.join(models.available())})")
-    out = export_pair(target, draft, a.out, t, d)
+    out = export_pair(target, draft, a.out, t, d, force=a.force)
     print(out)
     return 0
 
@@ -266,6 +280,8 @@ def _cmd_info(a) -> int:
 
     d = _export_dir(a.dir, auto_export=False)
     m = load_manifest(d)
+    if a.verify:
+        return _verify(d, m)
     full, why = resolve_provider(a.provider)
     parse_provider_options(a.provider_option)
     provider = {"requested": a.provider, "used": short_provider_name(full), "fallback_reason": why,
@@ -295,6 +311,26 @@ def _cmd_info(a) -> int:
     print(f"execution provider: {provider['used']}" + (f" ({why})" if why else
                                                        f" (available here: {', '.join(provider['available'])})"))
     return 0
+
+
+def _verify(d: Path, m) -> int:
+    """``info --verify``: every file's size and sha256 against the manifest, one line each."""
+    from .integrity import check_file
+
+    if not m.files:
+        print(f"{d}: this export records no file sizes or hashes (exported before edgespec kept them); "
+              "export it again to verify it", file=sys.stderr)
+        return 0
+    bad = 0
+    for rel, entry in m.files.items():
+        try:
+            check_file(d / rel, entry, verify="always")
+            print(f"ok  {rel}  {entry.size} bytes  sha256 {entry.sha256[:16]}…")
+        except EdgespecError as e:
+            bad += 1
+            print(f"edgespec: error: {e}", file=sys.stderr)
+    print(f"{len(m.files) - bad}/{len(m.files)} files match the manifest")
+    return 1 if bad else 0
 
 
 def _provider_options(a) -> dict:
@@ -346,7 +382,9 @@ def _gen_kwargs(a, decoder) -> dict:
 
 
 def _cmd_generate(a) -> int:
-    prompt = a.prompt if a.prompt is not None else sys.stdin.read()
+    from .text import check_text
+
+    prompt = check_text(a.prompt, "--prompt") if a.prompt is not None else _read_stdin()
     if not prompt.strip():
         raise EdgespecError("empty prompt (give --prompt TEXT or text on stdin)")
     dec = _load(a)
@@ -417,13 +455,15 @@ def _cmd_bench(a) -> int:
     _write_json(json_out, result)
     try:
         plot(result, png_out)
+        wrote = f"wrote {json_out} and {png_out}"
     except ImportError:
         print("edgespec: matplotlib is not installed: no plot (pip install 'edgespec[bench]')", file=sys.stderr)
+        wrote = f"wrote {json_out} (no plot)"
     if a.json:
         print(json.dumps(result))
     else:
         print(format_bench(result))
-        print(f"wrote {json_out} and {png_out}")
+        print(wrote)
     return 0
 
 
@@ -510,7 +550,55 @@ def _run(a) -> int:
     return 0
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    if issubclass(category, EdgespecWarning):
+        print(f"edgespec: warning: {message}", file=sys.stderr)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
+_default_showwarning = warnings.showwarning
+
+
+def _console_streams() -> None:
+    """Print what the terminal's encoding can show (a cp1252 console gets '?' for the rest): never lose an
+    answer to a UnicodeEncodeError. ``--json`` output is ASCII (escaped), so valid UTF-8 anywhere."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure") and (stream.encoding or "").lower().replace("-", "") != "utf8":
+            try:
+                stream.reconfigure(errors="replace")
+            except (ValueError, OSError):
+                pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The ``edgespec`` command; returns the exit code (0 ok, 1 a failed check, 2 bad input, 130 Ctrl-C)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # also during start-up (imports, argument parsing, loading)
+        print("\nedgespec: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # Ctrl-C inside a C extension (its initialisation) can arrive wrapped, e.g. ImportError
+        if not _interrupted(e):
+            raise
+        print("\nedgespec: interrupted", file=sys.stderr)
+        return 130
+
+
+def _interrupted(e: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is among the causes of ``e``."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _main(argv: list[str] | None) -> int:
+    _console_streams()
+    warnings.showwarning = _show_warning
     parser = build_parser()
     a = parser.parse_args(argv)
     if a.command is None:

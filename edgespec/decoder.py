@@ -13,6 +13,7 @@ from typing import Iterator
 import numpy as np
 
 from .generation import Generation, GenerationOptions
+from .integrity import check_files, check_tokenizer, tokenizer_width
 from .kpolicy import FixedK, KPolicy, RoundPlan, RoundResult, Situation
 from .manifest import Manifest, load_manifest
 from .onnx_model import CPU, KVCache, OnnxLM, resolve_provider, use_shared_thread_pool
@@ -20,7 +21,7 @@ from .proposers import Proposer, resolve
 from .sampling import (SamplingParams, accept_reject, greedy_accept, probs, sample, top1_probability,
                        verify_tree)
 from .stats import GenerationStats
-from .text import ChatTemplate, load_tokenizer
+from .text import ChatTemplate, check_text, encode_chat, load_template, load_tokenizer, plain_text_tokenizer
 from .tree import TokenTree
 
 PREFILL_CHUNK = 256
@@ -46,11 +47,17 @@ class SpecDecoder:
         self.context_length = int(context_length)
         self.template = template
         self.manifest = manifest
-        self.width = target.spec.vocab_size  # q is defined over the target's vocabulary
+        # q and p are defined over the ids the tokenizer has: logits past them (a padded head) are cut off
+        self.n_tokens = tokenizer_width(tokenizer)
+        self.width = min(target.spec.vocab_size, self.n_tokens)
+        for lm in (target, draft):
+            if lm is not None and not lm.spec.kept_token_ids:
+                lm.vocab_limit = min(lm.spec.vocab_size, self.n_tokens)
+        self.plain_tokenizer = plain_text_tokenizer(tokenizer)  # message content: control-token text stays text
         self.kept_ids = None  # int64 (N,): target ids of a pruned draft head's N outputs
         self._generation = 0  # counts generations, so that an abandoned one does not report its end late
         if draft is not None and draft.spec.kept_token_ids:
-            self.kept_ids = np.load(Path(draft.export_dir) / draft.spec.kept_token_ids)
+            self.kept_ids = np.load(Path(draft.export_dir) / draft.spec.kept_token_ids).astype(np.int64)
         self.reset()
 
     @classmethod
@@ -66,21 +73,27 @@ class SpecDecoder:
         both graphs there; one that is missing or rejects a graph falls back to CPU with a one-line notice
         (see :func:`~edgespec.onnx_model.open_session`); ``target.provider`` tells which one runs.
 
+        The export is checked where it enters (:mod:`edgespec.integrity`): file sizes always, sha256 on the
+        first load on this device, the graphs' inputs and outputs and the tokenizer against the manifest.
+
         Raises:
-            EdgespecError: not a complete export, or an unknown execution provider.
+            EdgespecError: not a complete export, a file or graph that does not match the manifest, or an
+                unknown execution provider.
         """
         export_dir = Path(export_dir)
         m = load_manifest(export_dir)
+        check_files(export_dir, m)
         if shared_thread_pool and resolve_provider(provider)[0] == CPU:
             use_shared_thread_pool(threads)
         tok = load_tokenizer(export_dir / m.tokenizer)
+        check_tokenizer(export_dir, m, tokenizer_width(tok))
         template = None
         if m.chat_template:
             bos = tok.id_to_token(m.special_tokens.bos) if m.special_tokens.bos is not None else ""
-            template = ChatTemplate((export_dir / m.chat_template).read_text(), bos or "",
-                                    tok.id_to_token(m.special_tokens.eos) or "")
-        target = OnnxLM(m.target, export_dir, provider, threads, provider_options)
-        draft = OnnxLM(m.draft, export_dir, provider, threads, provider_options) if load_draft else None
+            template = load_template(export_dir / m.chat_template, bos or "",
+                                     tok.id_to_token(m.special_tokens.eos) or "")
+        target = OnnxLM(m.target, export_dir, provider, threads, provider_options, role="target")
+        draft = OnnxLM(m.draft, export_dir, provider, threads, provider_options, role="draft") if load_draft else None
         ctx = min(m.target.context_length, m.draft.context_length)
         if context_length is not None:
             ctx = min(ctx, context_length)
@@ -97,21 +110,44 @@ class SpecDecoder:
     def encode(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
         """Token ids int64 of a raw prompt, or of chat ``messages`` rendered with the chat template.
 
+        Message content is plain text: control-token text in it (``<|im_end|>``) does not become a control
+        token (:func:`~edgespec.text.encode_chat`); a raw prompt is the caller's own markup and may hold them.
+
         Raises:
-            ValueError: neither or both given, or an empty prompt.
+            ValueError: neither or both given, an empty prompt, messages that are not a list of
+                ``{"role", "content"}`` dicts with known roles and str content, text that is not valid UTF-8,
+                or a chat template that fails.
         """
         if (prompt is None) == (messages is None):
             raise ValueError("give exactly one of prompt or messages")
         if messages is not None:
-            if not messages:
-                raise ValueError("messages is empty")
             if self.template is None:
                 raise ValueError("this export has no chat template; pass a raw prompt")
-            prompt = self.template.render(messages, add_generation_prompt=True)
-        ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
+            ids = encode_chat(self.tokenizer, self.plain_tokenizer, self.template, messages)
+        else:
+            ids = self.tokenizer.encode(check_text(prompt, "prompt"), add_special_tokens=False).ids
         if not ids:
             raise ValueError("the prompt is empty")
         return ids
+
+    def check_ids(self, input_ids) -> list[int]:
+        """``input_ids`` as a list of ints, each an id of the tokenizer (0 ≤ id < its vocabulary).
+
+        Raises:
+            ValueError: naming ``input_ids``: not a 1-D sequence of integers (floats and bools are refused,
+                never rounded), or an id out of range.
+        """
+        if isinstance(input_ids, (str, bytes, dict)) or not hasattr(input_ids, "__len__"):
+            raise ValueError(f"input_ids must be a list of token ids, got {type(input_ids).__name__}")
+        arr = np.asarray(input_ids, dtype=object if not isinstance(input_ids, np.ndarray) else None)
+        if arr.ndim != 1:
+            raise ValueError(f"input_ids must be a flat list of token ids, got shape {arr.shape}")
+        for i, t in enumerate(arr.tolist() if arr.dtype != object else arr):
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+                raise ValueError(f"input_ids[{i}] must be an integer token id, got {t!r}")
+            if not 0 <= t < self.n_tokens:
+                raise ValueError(f"input_ids[{i}] = {t} is not a token id (ids are 0..{self.n_tokens - 1})")
+        return [int(t) for t in arr.tolist()]
 
     def rewind_to(self, n: int) -> None:
         """Keep the first ``n`` committed tokens and forget the rest: the one public rollback.
@@ -365,5 +401,9 @@ class SpecDecoder:
         o = GenerationOptions.with_fields(options, option_fields) if option_fields else (options or GenerationOptions())
         if input_ids is None:
             input_ids = self.encode(prompt, messages)
+        elif prompt is not None or messages is not None:
+            raise ValueError("give one of prompt, messages or input_ids")
+        else:
+            input_ids = self.check_ids(input_ids)
         stats = GenerationStats()
         return Generation(self.generate_ids(list(input_ids), o, policy, stats), self.tokenizer, stats)

@@ -53,6 +53,12 @@ class GenerationOptions:
             raise ValueError(f"k must be ≥ 0, got {self.k}")
         if self.n_nodes < 0:
             raise ValueError(f"n_nodes must be ≥ 0, got {self.n_nodes}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise ValueError(f"seed must be an integer ≥ 0 or None, got {self.seed!r}")
+        for name in ("temperature", "top_p"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"{name} must be a number, got {v!r}")
         if self.draft_p_min is not None and not 0 <= self.draft_p_min <= 1:
             raise ValueError(f"draft_p_min must be in [0, 1], got {self.draft_p_min}")
         self.sampling  # validates temperature, top_k, top_p

@@ -9,10 +9,12 @@ with a different ``format``) is not a complete export.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import paths
 from .errors import EdgespecError
 
 MANIFEST_NAME = "edgespec.json"
@@ -86,8 +88,18 @@ class SpecialTokens:
 
 
 @dataclass(frozen=True)
+class FileEntry:
+    """One file of the export: ``size`` in bytes and hex ``sha256``, recorded at export (since edgespec 0.1's
+    integrity checks; older manifests have no ``files`` and are checked for presence only)."""
+
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
 class Manifest:
-    """The whole ``edgespec.json``."""
+    """The whole ``edgespec.json``. ``files`` maps every file of the export (paths relative to it, other than
+    the manifest) to its :class:`FileEntry`; empty for exports written before it existed."""
 
     name: str
     target: GraphSpec
@@ -99,6 +111,7 @@ class Manifest:
     edgespec_version: str
     format: int = FORMAT_VERSION
     export_seconds: float | None = None
+    files: dict[str, FileEntry] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=False)
@@ -132,6 +145,9 @@ _KINDS = {
     "object": (lambda v: isinstance(v, dict), "an object"),
     "number?": (lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
                 "a number or null"),
+    "size": (lambda v: _is_int(v) and v >= 0, "a size in bytes (an integer ≥ 0)"),
+    "sha256": (lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) is not None,
+               "a sha256 (64 lowercase hex digits)"),
 }
 
 
@@ -162,13 +178,23 @@ _GRAPH = {"path": ("str", True), "architecture": ("str", True), "num_layers": ("
 _SPECIAL = {"bos": ("token?", True), "eos": ("token", True), "pad": ("token?", True), "stop": ("tokens", True)}
 _MANIFEST = {"name": ("str", True), "target": ("object", True), "draft": ("object", True), "tokenizer": ("str", True),
              "chat_template": ("str?", True), "special_tokens": ("object", True), "tokenizer_sha256": ("str", True),
-             "edgespec_version": ("str", True), "format": ("pos", True), "export_seconds": ("number?", False)}
+             "edgespec_version": ("str", True), "format": ("pos", True), "export_seconds": ("number?", False),
+             "files": ("object", False)}
+_FILE = {"size": ("size", True), "sha256": ("sha256", True)}
+
+
+def _relative(value: str, where: str) -> str:
+    """A manifest path: relative, no ``..`` (symlinks are resolved against the directory in :func:`inside`)."""
+    if not value or Path(value).is_absolute() or ".." in Path(value).parts or "\\" in value or ":" in value:
+        raise _Invalid(f"{where} must be a path inside the export directory, got {_show(value)}")
+    return value
 
 
 def _graph(d: Any, role: str) -> GraphSpec:
     d = _fields(d, role, _GRAPH)
-    if not d["path"] or Path(d["path"]).is_absolute() or ".." in Path(d["path"]).parts:
-        raise _Invalid(f"{role}.path must be a path inside the export directory, got {_show(d['path'])}")
+    _relative(d["path"], f"{role}.path")
+    if d.get("kept_token_ids") is not None:
+        _relative(d["kept_token_ids"], f"{role}.kept_token_ids")
     d["quantization"] = Quantization(**_fields(d["quantization"], f"{role}.quantization", _QUANTIZATION))
     d["input_names"] = tuple(d["input_names"])
     d["output_names"] = tuple(d["output_names"])
@@ -185,7 +211,41 @@ def _manifest(raw: Any) -> Manifest:
     st = _fields(raw["special_tokens"], "special_tokens", _SPECIAL)
     st["stop"] = tuple(st["stop"])
     raw["special_tokens"] = SpecialTokens(**st)
+    _relative(raw["tokenizer"], "tokenizer")
+    if raw["chat_template"] is not None:
+        _relative(raw["chat_template"], "chat_template")
+    files = {}
+    for rel, entry in raw.get("files", {}).items():
+        files[_relative(rel, "a key of files")] = FileEntry(**_fields(entry, f"files[{_show(rel)}]", _FILE))
+    raw["files"] = files
     return Manifest(**raw)
+
+
+def inside(export_dir: Path, rel: str, field_name: str) -> Path:
+    """``export_dir/rel`` if it stays inside ``export_dir`` once symlinks are resolved.
+
+    Raises:
+        EdgespecError: the path (or a symlink on it) leads outside the export directory.
+    """
+    base = export_dir.resolve()
+    target = (export_dir / rel).resolve()
+    if target == base or not target.is_relative_to(base):
+        raise EdgespecError(f"{export_dir / MANIFEST_NAME}: {field_name} {rel!r} leads outside the export directory "
+                            f"(to {target}); refusing to read it")
+    return target
+
+
+def named_files(m: Manifest) -> list[tuple[str, str, bool]]:
+    """``(field, relative path, required)`` for every file the manifest names."""
+    out = [("target.path", m.target.path, True), ("draft.path", m.draft.path, True),
+           ("tokenizer", m.tokenizer, True)]
+    if m.chat_template:
+        out.append(("chat_template", m.chat_template, True))
+    for role, g in (("target", m.target), ("draft", m.draft)):
+        if g.kept_token_ids:
+            out.append((f"{role}.kept_token_ids", g.kept_token_ids, True))
+    out += [("files", rel, True) for rel in m.files]
+    return out
 
 
 def load_manifest(export_dir: str | Path) -> Manifest:
@@ -193,9 +253,11 @@ def load_manifest(export_dir: str | Path) -> Manifest:
 
     Raises:
         EdgespecError: DIR is missing or not a directory, is an unfinished export, or the manifest is unreadable,
-            not an edgespec manifest, of another format, or has a missing or wrongly typed field.
+            not an edgespec manifest, of another format, has a missing or wrongly typed field, names a file
+            that is missing or (symlinks resolved) outside DIR.
     """
     export_dir = Path(export_dir)
+    paths.recover_export(export_dir)  # a re-export killed between its two renames: finish or undo it
     if export_dir.exists() and not export_dir.is_dir():
         raise EdgespecError(f"{export_dir}: not a directory (expected an edgespec export directory)")
     if not export_dir.is_dir():
@@ -224,7 +286,9 @@ def load_manifest(export_dir: str | Path) -> Manifest:
         manifest = _manifest(raw)
     except _Invalid as e:
         raise EdgespecError(f"{path}: invalid manifest: {e}") from None
-    for g in (manifest.target, manifest.draft):
-        if not (export_dir / g.path).is_file():
-            raise EdgespecError(f"{export_dir}: graph {g.path} is missing (incomplete export)")
+    for field_name, rel, required in named_files(manifest):
+        p = inside(export_dir, rel, field_name)
+        if required and not p.is_file():
+            what = "graph " if field_name.endswith(".path") else ""
+            raise EdgespecError(f"{export_dir}: {what}{rel} is missing (incomplete or edited export; export it again)")
     return manifest

@@ -14,7 +14,11 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+if hasattr(ort, "disable_telemetry_events"):  # also when onnxruntime was imported before edgespec set the opt-out
+    ort.disable_telemetry_events()
+
 from .errors import EdgespecError
+from .integrity import check_graph
 from .manifest import GraphSpec
 
 PROVIDERS = {
@@ -261,17 +265,18 @@ def use_shared_thread_pool(threads: int | None = None) -> bool:
 
 @dataclass(frozen=True)
 class SessionMemory:
-    """How an onnxruntime session spends memory beyond the weights (issue 17: a 2 GB board).
+    """onnxruntime's session memory switches, typed, for measuring them (``bench/memory.py``, issue 17).
 
-    - ``cpu_arena``: onnxruntime's BFC arena for activations and outputs. Off, every tensor is malloc'd and
-      freed; on, freed blocks stay in the arena, and the present KV outputs, one size larger each step, keep
-      asking for new blocks.
-    - ``prepacking``: let kernels (MatMulNBits, MatMul) repack constant weights into their own layout at load;
-      faster kernels, a second copy of those weights.
-    - ``mem_pattern``: plan activation buffers from the first run's shapes (helps static shapes only).
+    - ``cpu_arena``: the BFC arena for activations and outputs (graph format 2's KV ``present`` outputs live
+      in it while the cache holds them: ``session.run`` returns arrays over onnxruntime's own buffers).
+    - ``prepacking``: kernels repack constant weights at load (int4 MatMulNBits: a packed copy that replaces
+      the memory-mapped original, about 1.3× its size on disk).
+    - ``mem_pattern``: plan activation buffers from the first run's shapes.
 
-    :data:`DEFAULT_MEMORY` is what edgespec uses; ``SessionMemory.named("ort-defaults")`` is onnxruntime's
-    own defaults. Figures: docs/benchmarks.md, "Memory".
+    Measured (docs/benchmarks.md, "Memory"): onnxruntime's defaults are the best choice here. Without the
+    arena, malloc fragments worse (more RSS growth per context token); without prepacking, an int4 step is
+    about 37× slower (MatMulNBits dequantizes every call). :data:`DEFAULT_MEMORY` therefore keeps them; what
+    does cut memory is graph format 3 (an in-place KV cache: no per-step ``present`` copies).
     """
 
     cpu_arena: bool = True
@@ -280,15 +285,21 @@ class SessionMemory:
 
     @staticmethod
     def named(name: str) -> "SessionMemory":
-        """``ort-defaults`` or ``edgespec`` (:data:`DEFAULT_MEMORY`); raises ValueError for other names."""
+        """``edgespec`` (:data:`DEFAULT_MEMORY`), ``ort-defaults``, or fields like ``cpu_arena=0+prepacking=0``.
+
+        Raises:
+            ValueError: an unknown name or field.
+        """
         if name == "ort-defaults":
             return SessionMemory()
         if name == "edgespec":
             return DEFAULT_MEMORY
-        fields = dict(kv.split("=") for kv in name.split("+")) if "=" in name else None
-        if fields is None:
-            raise ValueError(f"unknown session memory setting {name!r} (ort-defaults, edgespec, or k=v+k=v)")
-        return SessionMemory(**{k: v == "1" for k, v in fields.items()})
+        try:
+            fields = dict(kv.split("=") for kv in name.split("+"))
+            return SessionMemory(**{k: v == "1" for k, v in fields.items()})
+        except (ValueError, TypeError):
+            raise ValueError(f"unknown session memory setting {name!r} "
+                             "(edgespec, ort-defaults, or fields like cpu_arena=0+prepacking=0)") from None
 
 
 DEFAULT_MEMORY = SessionMemory()
@@ -325,10 +336,12 @@ class OnnxLM:
     """
 
     def __init__(self, spec: GraphSpec, export_dir: str | Path, provider: str = "cpu", threads: int | None = None,
-                 provider_options: dict | None = None):
-        session = open_session(Path(export_dir) / spec.path, provider, provider_options, threads)
+                 provider_options: dict | None = None, role: str = "target"):
+        path = Path(export_dir) / spec.path
+        session = open_session(path, provider, provider_options, threads)
         self._setup(spec, session)
         self.export_dir = Path(export_dir)
+        check_graph(session, spec, role, path, self._past, self._outputs)  # the manifest describes this graph
 
     @classmethod
     def from_session(cls, spec: GraphSpec, session: ort.InferenceSession) -> "OnnxLM":
@@ -340,6 +353,7 @@ class OnnxLM:
     def _setup(self, spec: GraphSpec, session: ort.InferenceSession) -> None:
         self.spec = spec
         self.session = session
+        self.vocab_limit: int | None = None  # logits columns past this are cut off (ids the tokenizer lacks)
         self.provider = short_provider_name(session.get_providers()[0])  # the execution provider in use
         self._past = [n for pair in spec.past_names() for n in pair]
         self._outputs = ["logits"] + [f"present.{i}.{kind}" for i in range(spec.num_layers)
@@ -368,7 +382,8 @@ class OnnxLM:
         ``position_ids`` int64 (T,) defaults to ``cache.length + arange(T)``; ``mask`` bool (1, 1, T, P+T)
         defaults to causal. Returns logits float32 (T, V), or with ``keep`` = N > 0 those of the last N rows
         only, (min(N, T), V): the graph then skips the output head for the other rows (a prefill or catch-up
-        needs one row), if the export has the ``logits_keep`` input; older exports slice afterwards.
+        needs one row), if the export has the ``logits_keep`` input; older exports slice afterwards. With
+        ``vocab_limit`` set, V is cut to it (a head padded past the tokenizer's ids).
         """
         ids = np.asarray(ids, dtype=np.int64)
         p, t = cache.length, len(ids)
@@ -385,7 +400,8 @@ class OnnxLM:
             out = self.session.run(self._outputs, feeds)
             cache.tensors = out[1:]
             logits = out[0]
-        return logits[0][-keep:] if keep > 0 else logits[0]
+        logits = logits[0][-keep:] if keep > 0 else logits[0]
+        return logits[:, :self.vocab_limit] if self.vocab_limit is not None else logits
 
     def _run_in_place(self, feeds: dict, cache: SharedKVCache, total: int) -> np.ndarray:
         """One run with IO binding: the cache buffers are both past and present; only ``logits`` is new."""

@@ -111,20 +111,22 @@ def load_file(path: str | Path) -> list[Prompt]:
     """Prompts from a file: JSON lines ``{"class": ..., "prompt": ...}`` or plain text, one prompt per line.
 
     Raises:
-        EdgespecError: the file is missing or holds no prompt.
+        EdgespecError: the file is missing, not UTF-8 text, or holds no prompt.
     """
     p = Path(path)
     try:
-        lines = [ln for ln in p.read_text().splitlines() if ln.strip()]
+        lines = [ln for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
     except OSError as e:
-        raise EdgespecError(f"{path}: cannot read prompts ({e.strerror})") from None
+        raise EdgespecError(f"{path}: cannot read prompts ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise EdgespecError(f"{path}: not a UTF-8 text file of prompts (undecodable byte at offset {e.start})") from None
     out = []
     for i, ln in enumerate(lines, 1):
         if ln.lstrip().startswith("{"):
             try:
                 d = json.loads(ln)
                 out.append(Prompt(str(d.get("class", "custom")), ({"role": "user", "content": str(d["prompt"])},)))
-            except (ValueError, KeyError):
+            except (ValueError, KeyError, AttributeError):
                 raise EdgespecError(f"{path}:{i}: expected {{\"class\": ..., \"prompt\": ...}}") from None
         else:
             out.append(Prompt("custom", ({"role": "user", "content": ln},)))

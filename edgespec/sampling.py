@@ -46,7 +46,8 @@ def probs(logits: np.ndarray, sp: SamplingParams, width: int | None = None) -> n
     """Processed distribution(s): float64 (..., W) from logits float32 (..., V).
 
     Applies temperature, then top-k, then top-p (nucleus: the smallest set of most likely tokens whose mass
-    reaches top_p), then renormalizes. Greedy gives a one-hot at argmax (first index on ties). ``width`` pads
+    reaches top_p), then renormalizes. Greedy gives a one-hot at argmax (first index on ties); so does a
+    temperature so small that logits/T overflows float64 (its limit as T → 0). ``width`` pads
     with zeros (ids the model cannot produce) or truncates to a common vocabulary width.
     """
     logits = np.asarray(logits)
@@ -64,7 +65,12 @@ def probs(logits: np.ndarray, sp: SamplingParams, width: int | None = None) -> n
         out = np.zeros(v, dtype=np.float64)
         out[int(np.argmax(logits))] = 1.0
         return out
-    z = logits.astype(np.float64) / sp.temperature
+    with np.errstate(over="ignore"):
+        z = logits.astype(np.float64) / sp.temperature
+    if not np.isfinite(z.max()):  # T → 0: the distribution is the argmax's one-hot
+        out = np.zeros(v, dtype=np.float64)
+        out[int(np.argmax(logits))] = 1.0
+        return out
     if 0 < sp.top_k < v:
         cand = np.argpartition(-z, sp.top_k - 1)[: sp.top_k]
     else:
@@ -94,6 +100,8 @@ def probs(logits: np.ndarray, sp: SamplingParams, width: int | None = None) -> n
 def sample(dist: np.ndarray, rng: np.random.Generator) -> int:
     """One token id drawn from ``dist`` float (V,), non-negative, not necessarily normalized."""
     c = np.cumsum(dist)
+    if not (np.isfinite(c[-1]) and c[-1] > 0):
+        raise ValueError("cannot sample: the distribution has no finite positive mass")
     i = int(np.searchsorted(c, rng.random() * c[-1], side="right"))
     return min(i, int(np.flatnonzero(dist)[-1]))  # rounding at the top end never lands on a zero-mass id
 

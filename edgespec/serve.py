@@ -221,6 +221,7 @@ def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.concurrency import run_in_threadpool
+    from starlette.requests import ClientDisconnect
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
@@ -253,6 +254,8 @@ def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):
             engine.submit(job)
         except RequestError as e:
             return error(e)
+        except ClientDisconnect:  # left while sending its request: nobody to answer
+            return Response(status_code=499)
         rid = new_id("chatcmpl" if chat else "cmpl")
         if req.stream:
             return StreamingResponse(_sse(job, request, chat, rid, engine.model, req.include_usage),

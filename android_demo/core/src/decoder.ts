@@ -58,7 +58,7 @@ export class SpecDecoder {
   draftStepMs: number[] = [];
   catchup: [number, number] = [0, 0];
   readonly stopIds: ReadonlySet<number>;
-  /** Width of p: q is defined over the target's vocabulary. */
+  /** Width of p and q: the target's vocabulary, cut to the ids the tokenizer has. */
   readonly width: number;
   busy = false;
 
@@ -66,7 +66,8 @@ export class SpecDecoder {
     readonly tokenizer: TextTokenizer, readonly template: ChatTemplate | null, readonly contextLength: number,
     readonly keptIds: Int32Array | null = null) {
     this.stopIds = new Set(manifest.special_tokens.stop);
-    this.width = target.spec.vocab_size;
+    // q and p are defined over the ids the tokenizer has: logits past them (a padded head) are cut off
+    this.width = Math.min(target.spec.vocab_size, tokenizer.width());
     this.reset();
   }
 
@@ -118,6 +119,12 @@ export class SpecDecoder {
     if (messages !== undefined) {
       if (!messages.length) throw new EdgespecError("messages is empty");
       if (!this.template) throw new EdgespecError("this export has no chat template; pass a raw prompt");
+      // only the template's markup may make control tokens; the Python runtime encodes such text as plain
+      // text, the core refuses it (tokenizers.js cannot encode added-token text as ordinary text)
+      messages.forEach((m, i) => {
+        const t = this.tokenizer.controlTokenIn(m.content);
+        if (t) throw new EdgespecError(`messages[${i}] contains the control token ${t} as text, which the core does not accept`);
+      });
       text = this.template.render(messages);
     }
     const ids = this.tokenizer.encode(text);
@@ -295,7 +302,7 @@ export class SpecDecoder {
         const stepMs = k > 0 && this.draftStepMs.length ? median(this.draftStepMs) : null;
         const [cMs, cTokens] = k > 0 ? this.catchup : [0, 0];
         policy.observe(k, fromDraft, stepMs, dt, cMs, cTokens);
-        if (k === 0 && mode !== "plain" && policy.observeConfidence) policy.observeConfidence(top1(this.plainRow!));
+        if (k === 0 && mode !== "plain" && policy.observeConfidence) policy.observeConfidence(top1(this.plainRow!.subarray(0, this.width)));
         this.tokens.push(...newIds);
         step = { ids: newIds, fromDraft };
       }

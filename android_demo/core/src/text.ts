@@ -37,6 +37,28 @@ export class TextTokenizer {
     return this.tok.decode([...ids], { skip_special_tokens: skipSpecialTokens, clean_up_tokenization_spaces: false });
   }
 
+  /**
+   * 1 + the largest id of the real vocabulary (added tokens included). Filler entries at the top that only
+   * pad the vocabulary to the model's head width (`[PAD151665]` … in a GGUF-converted Qwen tokenizer, each
+   * named after its own id) are not tokens (as edgespec/integrity.py's tokenizer_width).
+   */
+  width(): number {
+    const byId = new Map<number, string>();
+    let top = -1;
+    for (const [t, i] of this.tok.get_vocab(true)) {
+      byId.set(i, t);
+      if (i > top) top = i;
+    }
+    while (top >= 0 && byId.get(top) === `[PAD${top}]`) top--;
+    return top + 1;
+  }
+
+  /** The first added (control) token whose text occurs in `text`, or null. */
+  controlTokenIn(text: string): string | null {
+    for (const t of this.tok.get_added_tokens_decoder().values()) if (t.content && text.includes(t.content)) return t.content;
+    return null;
+  }
+
   idToToken(id: number): string | undefined {
     return this.tok.id_to_token(id);
   }

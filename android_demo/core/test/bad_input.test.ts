@@ -84,6 +84,7 @@ for (const v of tiny) {
       bad({ prompt: "" }, /the prompt is empty/);
       bad({ inputIds: [] }, /the prompt is empty/);
       bad({ messages: [] }, /messages is empty/);
+      bad({ messages: [{ role: "user", content: "hi<|im_end|>" }] }, /control token <\|im_end\|> as text/);
       bad({ inputIds: new Array(v.context_length).fill(5) }, /the context holds/);
       bad({ prompt: "x ".repeat(4 * v.context_length) }, /the context holds/);
       bad({ prompt: "hi", maxNewTokens: 0 }, /maxNewTokens/);
