@@ -8,7 +8,11 @@ work); the target's KV cache reaches about 1,000 positions with the defaults. Fo
 peak RSS (the kernel's ru_maxrss of the process), RSS growth per context token over the second half of the
 conversation (MB/token, least squares over every target run), and decode tok/s (the mean of the turns').
 
-    python bench/memory.py [EXPORT_DIR] [--settings ort-defaults,edgespec] [--turns 8] [--max-new-tokens 120]
+    python bench/memory.py [EXPORT_DIR ...] [--settings ort-defaults,cpu_arena=0] [--commands chat,plain]
+                           [--turns 8] [--max-new-tokens 120]
+
+Several export directories (e.g. the same pair exported with ``--graph-format 2`` and ``3``) are measured one
+after the other in the same invocation.
 
 Loading real-pair graphs: hold /work/locks/real.lock (and bench.lock for the tok/s) around the command.
 """
@@ -26,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 from edgespec import paths
+from edgespec.manifest import load_manifest
 from edgespec.onnx_model import SessionMemory
 
 TURNS = [
@@ -53,7 +58,8 @@ def recorded(self, ids, cache, *a, **k):
     out = forward(self, ids, cache, *a, **k)
     if self.spec.path.startswith("target"):
         with open("/proc/self/statm") as f:
-            log.write(f"{cache.length} {int(f.read().split()[1]) * page_mb:.1f}\n")
+            rss, shared = (int(x) * page_mb for x in f.read().split()[1:3])
+        log.write(f"{cache.length} {rss:.1f} {shared:.1f}\n")
     return out
 om.OnnxLM.forward = recorded
 from edgespec.cli import main
@@ -63,12 +69,37 @@ sys.exit(code)
 """
 
 
-def run_one(memory: SessionMemory, argv: list[str], stdin_text: str, tmp: Path) -> dict:
+# The soak child: the target alone, a 20-token prefill, then N one-token steps (no tokenizer involved, so it
+# also runs on random-weight exports); same trace format as CHILD.
+SOAK = r"""
+import json, sys
+import edgespec.onnx_model as om
+from edgespec.manifest import load_manifest
+om.DEFAULT_MEMORY = om.SessionMemory(**json.loads(sys.argv[1]))
+export, steps = sys.argv[3], int(sys.argv[4])
+page_mb = __import__("os").sysconf("SC_PAGE_SIZE") / 2**20
+om.use_shared_thread_pool()
+lm = om.OnnxLM(load_manifest(export).target, export)
+cache = lm.new_cache()
+lm.forward(list(range(100, 120)), cache, keep=1)
+t0 = __import__("time").perf_counter()
+with open(sys.argv[2], "w") as log:
+    for i in range(steps):
+        lm.forward([100 + i % 300], cache)
+        if i % 50 == 0 or i == steps - 1:
+            with open("/proc/self/statm") as f:
+                rss, shared = (int(x) * page_mb for x in f.read().split()[1:3])
+            log.write(f"{cache.length} {rss:.1f} {shared:.1f}\n")
+print(json.dumps({"stats": {"tokens_per_s": steps / (__import__("time").perf_counter() - t0)}}))
+"""
+
+
+def run_one(memory: SessionMemory, argv: list[str], stdin_text: str, tmp: Path, child: str = CHILD) -> dict:
     """One process: peak RSS (MB), RSS after the first target run, growth per context token, decode tok/s."""
     trace = tmp / "trace.txt"
     (tmp / "stdin.txt").write_text(stdin_text)
     with open(tmp / "stdin.txt") as fin, open(tmp / "out.txt", "w") as fout, open(tmp / "err.txt", "w") as ferr:
-        p = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(dataclasses.asdict(memory)), str(trace), *argv],
+        p = subprocess.Popen([sys.executable, "-c", child, json.dumps(dataclasses.asdict(memory)), str(trace), *argv],
                              stdin=fin, stdout=fout, stderr=ferr)
         _, status, usage = os.wait4(p.pid, 0)
     err = (tmp / "err.txt").read_text()
@@ -81,44 +112,54 @@ def run_one(memory: SessionMemory, argv: list[str], stdin_text: str, tmp: Path) 
     half = [pt for pt in points if pt[0] >= points[-1][0] / 2]
     slope = None
     if len(half) >= 2:
-        xs, ys = [x for x, _ in half], [y for _, y in half]
+        xs, ys = [pt[0] for pt in half], [pt[1] for pt in half]
         mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
         den = sum((x - mx) ** 2 for x in xs)
         slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else None
     return {"peak_rss_mb": usage.ru_maxrss / 1024, "rss_first_run_mb": points[0][1],
+            "file_backed_first_run_mb": points[0][2],
             "rss_end_mb": points[-1][1], "context_tokens": int(points[-1][0]),
             "growth_mb_per_token": slope, "decode_tok_s": sum(rates) / len(rates)}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("dir", nargs="?", default=str(paths.default_export_dir()))
-    ap.add_argument("--settings", default="ort-defaults,edgespec")
+    ap.add_argument("dirs", nargs="*", default=[str(paths.default_export_dir())])
+    ap.add_argument("--settings", default="edgespec", help="comma-separated SessionMemory.named() names")
     ap.add_argument("--commands", default="chat,chat-target-only,plain")
     ap.add_argument("--turns", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=120)
+    ap.add_argument("--soak", type=int, default=0, metavar="N",
+                    help="instead: the target alone, N one-token steps after a 20-token prefill (RSS growth per "
+                         "context token; runs on random-weight exports too)")
     ap.add_argument("--out", default=None, help="also write the JSON result here")
     a = ap.parse_args()
     settings = {name: SessionMemory.named(name) for name in a.settings.split(",")}
     chat_in = "\n".join((TURNS * 4)[:a.turns]) + "\n"
-    commands = {
-        "chat": (["chat", a.dir, "--max-new-tokens", str(a.max_new_tokens)], chat_in),
-        "chat-target-only": (["chat", a.dir, "--mode", "plain", "--max-new-tokens", str(a.max_new_tokens)], chat_in),
-        "plain": (["generate", a.dir, "--json", "--mode", "plain", "--max-new-tokens", "256",
-                   "--prompt", TURNS[0]], ""),
-    }
-    result = {"command": "python bench/memory.py " + " ".join(sys.argv[1:]), "export": a.dir, "runs": []}
+    result = {"command": "python bench/memory.py " + " ".join(sys.argv[1:]), "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
-        for cmd in a.commands.split(","):
-            argv, stdin_text = commands[cmd]
-            for name, mem in settings.items():
-                r = {"command": cmd, "setting": name, **run_one(mem, argv, stdin_text, Path(tmp))}
-                result["runs"].append(r)
-                g = r["growth_mb_per_token"]
-                print(f"{cmd:17s} {name:13s} peak {r['peak_rss_mb']:6.0f} MB | after first run "
-                      f"{r['rss_first_run_mb']:6.0f} MB | end {r['rss_end_mb']:6.0f} MB at {r['context_tokens']} "
-                      f"tokens | growth {'—' if g is None else f'{1024 * g:.0f} KB'}/token | "
-                      f"decode {r['decode_tok_s']:.1f} tok/s", flush=True)
+        for d in a.dirs:
+            fmt = load_manifest(d).target.graph_format
+            commands = {
+                "chat": (["chat", d, "--max-new-tokens", str(a.max_new_tokens)], chat_in),
+                "chat-target-only": (["chat", d, "--mode", "plain", "--max-new-tokens", str(a.max_new_tokens)],
+                                     chat_in),
+                "plain": (["generate", d, "--json", "--mode", "plain", "--max-new-tokens", "256",
+                           "--prompt", TURNS[0]], ""),
+            }
+            for cmd in ["soak"] if a.soak else a.commands.split(","):
+                argv, stdin_text = commands[cmd] if cmd != "soak" else ([d, str(a.soak)], "")
+                for name, mem in settings.items():
+                    r = {"export": d, "graph_format": fmt, "command": cmd, "setting": name,
+                         **run_one(mem, argv, stdin_text, Path(tmp), SOAK if cmd == "soak" else CHILD)}
+                    result["runs"].append(r)
+                    g = r["growth_mb_per_token"]
+                    print(f"{Path(d).name} (format {fmt}) {cmd:17s} {name:13s} peak {r['peak_rss_mb']:6.0f} MB"
+                          f" | after first run "
+                          f"{r['rss_first_run_mb']:6.0f} MB ({r['file_backed_first_run_mb']:.0f} file-backed) | end "
+                          f"{r['rss_end_mb']:6.0f} MB at {r['context_tokens']} tokens | growth "
+                          f"{'—' if g is None else f'{1024 * g:.0f} KB'}/token | decode {r['decode_tok_s']:.1f} tok/s",
+                          flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1))
     return 0

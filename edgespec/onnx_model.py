@@ -265,17 +265,18 @@ def use_shared_thread_pool(threads: int | None = None) -> bool:
 
 @dataclass(frozen=True)
 class SessionMemory:
-    """How an onnxruntime session spends memory beyond the weights (issue 17: a 2 GB board).
+    """onnxruntime's session memory switches, typed, for measuring them (``bench/memory.py``, issue 17).
 
-    - ``cpu_arena``: onnxruntime's BFC arena for activations and outputs. Off, every tensor is malloc'd and
-      freed; on, freed blocks stay in the arena, and the present KV outputs, one size larger each step, keep
-      asking for new blocks.
-    - ``prepacking``: let kernels (MatMulNBits, MatMul) repack constant weights into their own layout at load;
-      faster kernels, a second copy of those weights.
-    - ``mem_pattern``: plan activation buffers from the first run's shapes (helps static shapes only).
+    - ``cpu_arena``: the BFC arena for activations and outputs (graph format 2's KV ``present`` outputs live
+      in it while the cache holds them: ``session.run`` returns arrays over onnxruntime's own buffers).
+    - ``prepacking``: kernels repack constant weights at load (int4 MatMulNBits: a packed copy that replaces
+      the memory-mapped original, about 1.3× its size on disk).
+    - ``mem_pattern``: plan activation buffers from the first run's shapes.
 
-    :data:`DEFAULT_MEMORY` is what edgespec uses; ``SessionMemory.named("ort-defaults")`` is onnxruntime's
-    own defaults. Figures: docs/benchmarks.md, "Memory".
+    Measured (docs/benchmarks.md, "Memory"): onnxruntime's defaults are the best choice here. Without the
+    arena, malloc fragments worse (more RSS growth per context token); without prepacking, an int4 step is
+    about 37× slower (MatMulNBits dequantizes every call). :data:`DEFAULT_MEMORY` therefore keeps them; what
+    does cut memory is graph format 3 (an in-place KV cache: no per-step ``present`` copies).
     """
 
     cpu_arena: bool = True
@@ -284,15 +285,21 @@ class SessionMemory:
 
     @staticmethod
     def named(name: str) -> "SessionMemory":
-        """``ort-defaults`` or ``edgespec`` (:data:`DEFAULT_MEMORY`); raises ValueError for other names."""
+        """``edgespec`` (:data:`DEFAULT_MEMORY`), ``ort-defaults``, or fields like ``cpu_arena=0+prepacking=0``.
+
+        Raises:
+            ValueError: an unknown name or field.
+        """
         if name == "ort-defaults":
             return SessionMemory()
         if name == "edgespec":
             return DEFAULT_MEMORY
-        fields = dict(kv.split("=") for kv in name.split("+")) if "=" in name else None
-        if fields is None:
-            raise ValueError(f"unknown session memory setting {name!r} (ort-defaults, edgespec, or k=v+k=v)")
-        return SessionMemory(**{k: v == "1" for k, v in fields.items()})
+        try:
+            fields = dict(kv.split("=") for kv in name.split("+"))
+            return SessionMemory(**{k: v == "1" for k, v in fields.items()})
+        except (ValueError, TypeError):
+            raise ValueError(f"unknown session memory setting {name!r} "
+                             "(edgespec, ort-defaults, or fields like cpu_arena=0+prepacking=0)") from None
 
 
 DEFAULT_MEMORY = SessionMemory()
