@@ -125,9 +125,9 @@ class MoonshineASR:
         self.bos, self.eos = int(m.get("bos", 1)), int(m.get("eos", 2))
         self.tokens_per_second = float(m.get("tokens_per_second", 6.0))
         self.vocab = load_vocabulary(self.dir / m["files"]["vocabulary"]["path"])
-        so = ort.SessionOptions()
-        if threads:
-            so.intra_op_num_threads = threads
+        from ..onnx_model import session_options
+
+        so = session_options(threads)  # the process-wide pool when the decoder enabled one
         sessions = {}
         for role in ("encoder", "decoder"):
             p = self.dir / m["files"][role]["path"]

@@ -45,6 +45,7 @@ class PiperTTS:
         missing/corrupt (names the file)."""
         try:
             from piper import PiperVoice
+            from piper.config import PiperConfig
         except ImportError:
             raise _missing("piper-tts (text to speech)") from None
         if voice_model is None:
@@ -60,7 +61,18 @@ class PiperTTS:
             if not p.is_file():
                 raise EdgespecError(f"{p}: missing Piper voice file")
         try:
-            self.voice = PiperVoice.load(str(voice_model), str(config))
+            import json
+
+            import onnxruntime as ort
+
+            from ..onnx_model import session_options
+
+            # as PiperVoice.load does, but with session options that also work once the process shares
+            # one onnxruntime thread pool (see edgespec.onnx_model.use_shared_thread_pool)
+            session = ort.InferenceSession(str(voice_model), sess_options=session_options(),
+                                           providers=["CPUExecutionProvider"])
+            cfg = PiperConfig.from_dict(json.loads(Path(config).read_text(encoding="utf-8")))
+            self.voice = PiperVoice(config=cfg, session=session)
             self.rate = int(self.voice.config.sample_rate)
         except Exception as e:  # piper/onnxruntime/json raise many types for a corrupt voice
             raise EdgespecError(f"{voice_model}: not a usable Piper voice ({type(e).__name__}: "
