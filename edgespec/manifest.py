@@ -141,7 +141,7 @@ _KINDS = {
     "token?": (lambda v: v is None or (_is_int(v) and v >= 0), "a token id (an integer ≥ 0) or null"),
     "tokens": (lambda v: isinstance(v, list) and all(_is_int(t) and t >= 0 for t in v),
                "a list of token ids (integers ≥ 0)"),
-    "names": (lambda v: isinstance(v, list) and all(isinstance(t, str) for t in v), "a list of strings"),
+    "names": (lambda v: isinstance(v, (list, tuple)) and all(isinstance(t, str) for t in v), "a list of strings"),
     "object": (lambda v: isinstance(v, dict), "an object"),
     "number?": (lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
                 "a number or null"),
@@ -188,6 +188,20 @@ def _relative(value: str, where: str) -> str:
     if not value or Path(value).is_absolute() or ".." in Path(value).parts or "\\" in value or ":" in value:
         raise _Invalid(f"{where} must be a path inside the export directory, got {_show(value)}")
     return value
+
+
+def graph_spec(d: Any, role: str) -> GraphSpec:
+    """A :class:`GraphSpec` from its JSON form (a manifest's ``target``/``draft`` block, or the exporter's cached
+    graph metadata, whose paths are relative to the graph's own directory): the one place the graph schema is
+    read.
+
+    Raises:
+        EdgespecError: a missing field, a wrong type or a path leaving the directory, named in one line.
+    """
+    try:
+        return _graph(d, role)
+    except _Invalid as e:
+        raise EdgespecError(f"{role}: {e}") from None
 
 
 def _graph(d: Any, role: str) -> GraphSpec:

@@ -24,7 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 from pathlib import Path
@@ -35,7 +35,8 @@ import edgespec
 from edgespec import paths
 from edgespec.errors import EdgespecError
 from edgespec.integrity import check_file, sha256_file
-from edgespec.manifest import MANIFEST_NAME, FileEntry, GraphSpec, Manifest, Quantization, SpecialTokens
+from edgespec.manifest import (MANIFEST_NAME, FileEntry, GraphSpec, Manifest, Quantization, SpecialTokens,
+                               graph_spec)
 
 from .load import ModelInfo, check_pair, describe, load_weights
 from .quantize import PRECISIONS, quantize
@@ -134,9 +135,7 @@ def _cached_meta(entry: Path) -> dict | None:
                              for f in GRAPH_FILES if (entry / f).is_file()}
             paths.write_atomic(entry / "meta.json", json.dumps(meta, indent=2))
         files = meta["files"]
-        for key in ("architecture", "num_layers", "num_kv_heads", "head_dim", "vocab_size", "context_length",
-                    "quantization", "source", "source_sha256", "input_names", "output_names", "validation"):
-            meta[key]  # noqa: B018 (presence)
+        graph_spec({"path": "model.onnx", **meta}, "cached graph")  # the graph schema, checked where it is read
         if "model.onnx" not in files or set(files) - set(GRAPH_FILES):
             return None
         for name, f in files.items():
@@ -214,16 +213,18 @@ def _build(info: ModelInfo, opts: ExportOptions, role: str, final: Path) -> tupl
                 f.unlink()
                 f.with_name(f.name + ".data").unlink()
             bar.update()
+        spec = GraphSpec(  # paths relative to the graph's directory; the export prefixes its role
+            path="model.onnx", architecture=info.config.model_type, num_layers=layers, num_kv_heads=kv,
+            head_dim=hd, vocab_size=int(len(kept)) if kept is not None else info.logits_width,
+            context_length=int(getattr(info.config, "max_position_embeddings", 4096)),
+            quantization=Quantization(opts.precision, opts.block_size if opts.precision == "int4" else None,
+                                      opts.accuracy_level if opts.precision == "int4" else None,
+                                      opts.lm_head_bits or {"int4": 4, "int8": 8}.get(opts.precision, 32)),
+            source=info.source.ref, source_sha256=info.source.sha256, input_names=tuple(ins),
+            output_names=tuple(outs), validation=val,
+            kept_token_ids="kept_token_ids.npy" if kept is not None else None, graph_format=opts.graph_format)
         meta = {
-            "architecture": info.config.model_type, "num_layers": layers, "num_kv_heads": kv, "head_dim": hd,
-            "vocab_size": int(len(kept)) if kept is not None else info.logits_width,
-            "kept_token_ids": "kept_token_ids.npy" if kept is not None else None,
-            "context_length": int(getattr(info.config, "max_position_embeddings", 4096)),
-            "quantization": asdict(Quantization(opts.precision, opts.block_size if opts.precision == "int4" else None,
-                                                opts.accuracy_level if opts.precision == "int4" else None,
-                                                opts.lm_head_bits or {"int4": 4, "int8": 8}.get(opts.precision, 32))),
-            "source": info.source.ref, "source_sha256": info.source.sha256,
-            "input_names": ins, "output_names": outs, "validation": val, "graph_format": opts.graph_format,
+            **asdict(spec),
             "build_seconds": round(time.perf_counter() - t0, 1),
             "files": {f: {"size": (tmp / f).stat().st_size, "sha256": sha256_file(tmp / f)}
                       for f in GRAPH_FILES if (tmp / f).is_file()},
@@ -351,12 +352,9 @@ def _assemble(out: Path, name: str, graphs: dict, t_info: ModelInfo, d_info: Mod
             for f, entry in meta["files"].items():
                 _link_or_copy(gdir / f, tmp / role / f)
                 files[f"{role}/{f}"] = FileEntry(entry["size"], entry["sha256"])
-            meta = {k: v for k, v in meta.items() if k not in ("build_seconds", "files")}
-            if meta.get("kept_token_ids"):
-                meta["kept_token_ids"] = f"{role}/{meta['kept_token_ids']}"
-            meta["quantization"] = Quantization(**meta["quantization"])
-            meta["input_names"], meta["output_names"] = tuple(meta["input_names"]), tuple(meta["output_names"])
-            specs[role] = GraphSpec(path=f"{role}/model.onnx", **meta)
+            spec = graph_spec({"path": "model.onnx", **meta}, role)
+            specs[role] = replace(spec, path=f"{role}/{spec.path}", kept_token_ids=spec.kept_token_ids and
+                                  f"{role}/{spec.kept_token_ids}")
         t_info.tokenizer.backend_tokenizer.save(str(tmp / "tokenizer.json"))
         template = None
         if t_info.chat_template:

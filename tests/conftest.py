@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 
 import pytest
 
@@ -31,6 +32,10 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("aarch64") and not config.getoption("--aarch64"):
             item.add_marker(skip_arm)
 
+
+# A CI runner may start the tests with SIGINT ignored (a background job): restore Python's handler, so the
+# subprocesses the tests interrupt start with SIGINT at its default, as under a user's terminal.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 USER_HOME = os.environ.get("EDGESPEC_HOME")  # as the user set it, before the tiny tiers isolate it
 
