@@ -112,3 +112,16 @@ def export_each_format(request, home, tiny_dirs, tmp_path_factory):
 def self_export_each_format(request, home, tiny_dirs, tmp_path_factory):
     """:func:`tiny_self_export` in each graph format."""
     return _pair(tmp_path_factory, tiny_dirs, f"self{request.param}", "target", request.param)
+
+
+@pytest.fixture(scope="session")
+def real_export():
+    """The default pair in the user's cache (exported there once, then reused by every later run)."""
+    from edgespec import paths
+    from edgespec.export import export_pair
+
+    with user_home():
+        d = paths.default_export_dir()
+        if not (d / "edgespec.json").is_file():
+            export_pair(None, None)
+    return d

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from edgespec import paths
 
 CORE = Path(__file__).resolve().parents[1] / "android_demo" / "core"
 pytestmark = pytest.mark.android_core
@@ -54,19 +53,6 @@ def test_core_on_the_tiny_exports(home, tiny_dirs, tiny_self_export, tmp_path_fa
         vectors.append(tmp_path / f"{name}.json")
         assert make([str(d), str(vectors[-1]), "--new-tokens", "24", "--draws", str(draws)]) == 0
     _npm_test(vectors)
-
-
-@pytest.fixture(scope="module")
-def real_export():
-    """The default pair in the user's cache (exported there once if missing, as tests/test_real.py does)."""
-    from conftest import user_home
-    from edgespec.export import export_pair
-
-    with user_home():
-        d = paths.default_export_dir()
-        if not (d / "edgespec.json").is_file():
-            export_pair(None, None)
-    return d
 
 
 @pytest.mark.real

@@ -10,7 +10,6 @@ import sys
 
 import pytest
 
-from edgespec import paths
 from edgespec.decoder import SpecDecoder
 from edgespec.evaluate import NEAR_TIE_LOGIT_GAP, greedy_check
 from edgespec.manifest import load_manifest
@@ -23,19 +22,6 @@ PROMPTS = [
     "Explain what a KV cache is in one paragraph.",
     "Fix the bug:\n```python\ndef mean(xs):\n    return sum(xs) / len(xs) + 1\n```",
 ]
-
-
-@pytest.fixture(scope="module")
-def real_export():
-    """The default pair in the user's cache (exported there once, then reused by every later run)."""
-    from conftest import user_home
-    from edgespec.export import export_pair
-
-    with user_home():
-        d = paths.default_export_dir()
-        if not (d / "edgespec.json").is_file():
-            export_pair(None, None)
-    return d
 
 
 @pytest.fixture(scope="module")
