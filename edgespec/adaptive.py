@@ -79,6 +79,7 @@ class AdaptiveK(KPolicy):
         # measured / calibrated time of the target's plain step and of the draft's step, newest last: their
         # medians rescale the calibrated curves, so a stale calibration corrects itself within a few rounds
         self.scale_samples: dict[str, list[float]] = {"target": [], "draft": []}
+        self._scales: dict[str, float] = {}  # median of each model's samples, once it has any
         self.catchup_measured_ms: float | None = None  # per token the draft has not seen, once measured
         self.decay, self.hysteresis = decay, hysteresis
         self.probe_every, self.probe_k = probe_every, probe_k
@@ -171,10 +172,13 @@ class AdaptiveK(KPolicy):
 
     def scale(self, model: str) -> float:
         """Measured / calibrated time of ``model`` ("target" or "draft"): the median of its last 8 measured
-        runs (target: plain steps and verifies of N rows against t_v(N); draft: one-token steps), 1.0 before any. The draft follows the target's scale until its own steps are measured
-        (a calibration made while the machine was busy is off for both)."""
-        samples = self.scale_samples[model] or (self.scale_samples["target"] if model == "draft" else [])
-        return float(np.median(samples)) if samples else 1.0
+        runs (target: plain steps and verifies of N rows against t_v(N); draft: one-token steps), 1.0 before
+        any. The draft follows the target's scale until its own steps are measured (a calibration made while
+        the machine was busy is off for both). Kept up to date by :meth:`_sample_scale`: ``choose`` asks for
+        it a dozen times a round."""
+        if model == "draft" and "draft" not in self._scales:
+            model = "target"
+        return self._scales.get(model, 1.0)
 
     @property
     def plain_ms(self) -> float:
@@ -205,6 +209,7 @@ class AdaptiveK(KPolicy):
     def _sample_scale(self, model: str, ratio: float) -> None:
         if np.isfinite(ratio) and ratio > 0:
             self.scale_samples[model] = (self.scale_samples[model] + [float(ratio)])[-8:]
+            self._scales[model] = float(np.median(self.scale_samples[model]))
 
     def predicted_ms(self, p: Proposer, k: int) -> float:
         """Predicted wall time of a round (ms): K = 0 is a plain step."""
