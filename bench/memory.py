@@ -2,7 +2,7 @@
 
 Every (setting, command) runs in a fresh process, one after the other, in one invocation, so the figures are
 side by side. A setting is a :class:`edgespec.onnx_model.SessionMemory` (``ort-defaults``: onnxruntime's own
-defaults, edgespec's settings before issue 17; ``edgespec``: today's default). The chat is a scripted
+defaults and no page release, edgespec's settings before issue 17; ``edgespec``: today's default). The chat is a scripted
 conversation of ``--turns`` user turns with ``--max-new-tokens`` each (greedy, so every setting does the same
 work); the target's KV cache reaches about 1,000 positions with the defaults. For each run: RSS after loading,
 peak RSS (the kernel's ru_maxrss of the process), RSS growth per context token over the second half of the
@@ -14,7 +14,7 @@ conversation (MB/token, least squares over every target run), and decode tok/s (
 Several export directories (e.g. the same pair exported with ``--graph-format 2`` and ``3``) are measured one
 after the other in the same invocation.
 
-Loading real-pair graphs: hold /work/locks/real.lock (and bench.lock for the tok/s) around the command.
+On a shared machine, hold its CPU lock around the command (``flock /work/locks/cpu.lock python bench/memory.py``).
 """
 
 from __future__ import annotations

@@ -86,3 +86,139 @@ def test_memory_setting_names():
                                                                                       release_pages=False)
     with pytest.raises(ValueError, match="unknown session memory setting"):
         om.SessionMemory.named("arena-off")
+
+
+# ---- the quantized token embedding (graph format 3, revision 2) ----
+
+def _gather_graph(table: np.ndarray):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = helper.make_graph([helper.make_node("Gather", ["embed", "input_ids"], ["h"], name="embed/Gather")], "g",
+                          [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "t"])],
+                          [helper.make_tensor_value_info("h", TensorProto.FLOAT, ["b", "t", table.shape[1]])],
+                          [numpy_helper.from_array(table, "embed")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _run(model, ids):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"input_ids": ids})[0]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantized_embedding_rows_are_within_half_a_step_of_fp32(bits):
+    from export.quantize import quantize_embedding
+
+    rng = np.random.default_rng(bits)
+    table = rng.normal(0, 0.05, (300, 96)).astype(np.float32)
+    table[7] = 0.0  # an all-zero block must not divide by zero
+    ids = rng.integers(0, 300, (2, 17)).astype(np.int64)
+    ids[0, :2] = [7, 299]
+    ref = _run(_gather_graph(table), ids)
+    model = _gather_graph(table)
+    assert quantize_embedding(model, bits, block_size=32, rows_per_chunk=64) == "embed/Gather_Q" + str(bits)
+    assert [n.op_type for n in model.graph.node] == ["GatherBlockQuantized"]
+    got = _run(model, ids)  # onnxruntime's own kernel dequantizes: checks the packing, nibble order included
+    step = np.abs(table.reshape(300, 3, 32)).max(-1) / (2 ** (bits - 1) - 1)  # (V, blocks)
+    bound = np.repeat(step, 32, axis=1)[ids] / 2 + 1e-7
+    assert np.all(np.abs(got - ref) <= bound)
+    assert np.abs(got - ref).max() > 0  # it did quantize
+    assert np.all(got[0, 0] == 0)
+    from onnx import numpy_helper
+
+    nbytes = sum(numpy_helper.to_array(t).nbytes for t in model.graph.initializer)
+    assert nbytes == table.size * (bits / 8 + 4 / 32)  # bits/8 byte per weight + a float32 scale per 32, not 4
+
+
+def test_quantize_embedding_leaves_other_graphs_alone():
+    from export.quantize import quantize_embedding
+
+    model = _gather_graph(np.zeros((10, 40), np.float32))  # 40 is not a multiple of the block size
+    assert quantize_embedding(model, 4, block_size=32) is None
+    assert [n.op_type for n in model.graph.node] == ["Gather"]
+    with pytest.raises(ValueError, match="embedding bits"):
+        quantize_embedding(model, 2, block_size=32)
+
+
+def test_int4_format3_export_quantizes_the_embedding(int4_export, tiny_dirs, tmp_path):
+    """The export's embedding is an 8-bit GatherBlockQuantized table; its logits stay those of the same graph
+    with the fp32 table within 2% of their range, and the export validates (greedy agreement recorded)."""
+    import onnx
+
+    from edgespec.onnx_model import OnnxLM
+    from export.quantize import quantize
+
+    m = load_manifest(int4_export)
+    assert m.target.quantization.embedding_bits == 8 and m.draft.quantization.embedding_bits == 8
+    g = onnx.load(str(int4_export / m.target.path), load_external_data=False).graph
+    gbq = [n for n in g.node if n.op_type == "GatherBlockQuantized"]
+    assert len(gbq) == 1 and gbq[0].input[1] == "input_ids" and not [n for n in g.node if n.op_type == "Gather"
+                                                                      and n.input[1] == "input_ids"]
+    q = m.target.validation["quantized"]
+    assert q["positions"] == 256 and q["greedy_agreement"] >= 0.8
+    # the same graph with the fp32 table: requantize the export's source graph without the embedding step
+    before = tmp_path / "before" / "target"
+    before.mkdir(parents=True)
+    fp32_graph = tmp_path / "fp32.onnx"
+    import onnxruntime as ort
+    from transformers import AutoModelForCausalLM
+
+    from edgespec.onnx_model import session_options
+    from export.gqa_graph import export_format3
+
+    export_format3(AutoModelForCausalLM.from_pretrained(tiny_dirs["target"]).eval(), fp32_graph)
+    quantize(fp32_graph, before / "model.onnx", "int4", embedding_bits=None)
+    ids = [int(i) for i in np.random.default_rng(2).integers(3, 400, 32)]
+    after_lm = OnnxLM(m.target, int4_export)
+    before_lm = OnnxLM.from_session(m.target, ort.InferenceSession(str(before / "model.onnx"), session_options()))
+    a = after_lm.forward(ids, after_lm.new_cache())
+    b = before_lm.forward(ids, before_lm.new_cache())
+    spread = b.max() - b.min()
+    assert np.abs(a - b).max() <= 0.02 * spread  # the stated tolerance: 2% of the logits' range (measured 0.5%)
+    assert (a.argmax(-1) == b.argmax(-1)).mean() >= 0.9
+
+
+def test_cached_format3_graphs_of_the_fp32_embedding_are_rebuilt_format2_kept():
+    """Format 3's revision is in the graph cache key (graphs cached before the quantized embedding are not
+    reused); format 2's key is the one it always had, so its cached graphs stay valid."""
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    from export.pipeline import GRAPH_REVISIONS, ExportOptions, _cache_key
+    from export.sources import Source
+
+    src = Source(ref="x", kind="hf", path=None, sha256="ab" * 32)
+
+    def old_key(opts):
+        o = asdict(opts)
+        del o["vocab_size"]
+        graph = o.pop("graph_format")
+        blob = json.dumps({"sha": src.sha256, "opts": o, "graph": graph}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+    f2, f3 = ExportOptions(graph_format=2), ExportOptions(graph_format=3)
+    assert _cache_key(src, f2) == old_key(f2)
+    assert GRAPH_REVISIONS[3] >= 2 and _cache_key(src, f3) != old_key(f3)
+
+
+def test_old_format3_manifest_without_embedding_bits_loads(int4_export, tmp_path):
+    import json
+    import shutil
+
+    from edgespec.onnx_model import OnnxLM
+
+    old = tmp_path / "old"
+    shutil.copytree(int4_export, old)
+    mf = old / "edgespec.json"
+    d = json.loads(mf.read_text())
+    for role in ("target", "draft"):
+        del d[role]["quantization"]["embedding_bits"]
+    mf.write_text(json.dumps(d))
+    m = load_manifest(old)
+    assert m.target.quantization.embedding_bits == 32  # absent: the fp32 table of revision 1
+    lm = OnnxLM(m.target, old)
+    assert lm.forward([5, 6, 7], lm.new_cache()).shape == (3, m.target.vocab_size)
