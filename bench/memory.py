@@ -12,7 +12,8 @@ conversation (MB/token, least squares over every target run), and decode tok/s (
                            [--turns 8] [--max-new-tokens 120]
 
 Several export directories (e.g. the same pair exported with ``--graph-format 2`` and ``3``) are measured one
-after the other in the same invocation.
+after the other in the same invocation; ``DIR@SETTING,SETTING`` measures that directory under its own settings
+instead of ``--settings`` (e.g. ``old-export@ort-defaults new-export@edgespec``).
 
 On a shared machine, hold its CPU lock around the command (``flock /work/locks/cpu.lock python bench/memory.py``).
 """
@@ -138,7 +139,9 @@ def main() -> int:
     chat_in = "\n".join((TURNS * 4)[:a.turns]) + "\n"
     result = {"command": "python bench/memory.py " + " ".join(sys.argv[1:]), "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
-        for d in a.dirs:
+        for arg in a.dirs:
+            d, _, own = arg.partition("@")
+            dir_settings = {n: SessionMemory.named(n) for n in own.split(",")} if own else settings
             fmt = load_manifest(d).target.graph_format
             commands = {
                 "chat": (["chat", d, "--max-new-tokens", str(a.max_new_tokens)], chat_in),
@@ -149,7 +152,7 @@ def main() -> int:
             }
             for cmd in ["soak"] if a.soak else a.commands.split(","):
                 argv, stdin_text = commands[cmd] if cmd != "soak" else ([d, str(a.soak)], "")
-                for name, mem in settings.items():
+                for name, mem in dir_settings.items():
                     r = {"export": d, "graph_format": fmt, "command": cmd, "setting": name,
                          **run_one(mem, argv, stdin_text, Path(tmp), SOAK if cmd == "soak" else CHILD)}
                     result["runs"].append(r)

@@ -222,3 +222,20 @@ def test_old_format3_manifest_without_embedding_bits_loads(int4_export, tmp_path
     assert m.target.quantization.embedding_bits == 32  # absent: the fp32 table of revision 1
     lm = OnnxLM(m.target, old)
     assert lm.forward([5, 6, 7], lm.new_cache()).shape == (3, m.target.vocab_size)
+
+
+def test_memory_bench_runs_each_directory_under_its_own_settings(int4_export, tmp_path):
+    import json
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "memory.json"
+    r = subprocess.run([sys.executable, str(root / "bench" / "memory.py"), f"{int4_export}@ort-defaults",
+                        f"{int4_export}@edgespec,cpu_arena=0", "--soak", "30", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    runs = json.loads(out.read_text())["runs"]
+    assert [x["setting"] for x in runs] == ["ort-defaults", "edgespec", "cpu_arena=0"]
+    assert all(x["export"] == str(int4_export) and x["peak_rss_mb"] > 0.9 * x["rss_end_mb"] > 0 for x in runs)
+    assert runs[0]["context_tokens"] == 20 + 30
