@@ -95,6 +95,52 @@ print(json.dumps({"stats": {"tokens_per_s": steps / (__import__("time").perf_cou
 """
 
 
+# The breakdown child: RSS by kind (anonymous: packed weights, arena, KV, Python; file-backed: each graph's
+# .data file, the rest) after each loading stage and after a 64-token prefill + 16 steps of each graph.
+BREAKDOWN = r"""
+import json, sys
+from pathlib import Path
+import edgespec.onnx_model as om
+from edgespec.manifest import load_manifest
+from edgespec.pages import mapped_rss
+om.DEFAULT_MEMORY = om.SessionMemory(**json.loads(sys.argv[1]))
+export = Path(sys.argv[2])
+m = load_manifest(export)
+data = {r: export / (getattr(m, r).path + ".data") for r in ("target", "draft")}
+stages = []
+def stage(name):
+    st = {k: int(v.split()[0]) / 1024 for k, v in (l.split(":", 1) for l in open("/proc/self/status"))
+          if k in ("VmRSS", "RssAnon", "RssFile")}
+    stages.append({"stage": name, "rss_mb": st["VmRSS"], "anon_mb": st["RssAnon"], "file_mb": st["RssFile"],
+                   **{f"{r}_data_mb": mapped_rss([p]) / 2**20 for r, p in data.items()}})
+stage("imports")
+from tokenizers import Tokenizer
+tok = Tokenizer.from_file(str(export / m.tokenizer))
+stage("tokenizer")
+om.use_shared_thread_pool()
+lms = {}
+for role in ("target", "draft"):
+    lms[role] = om.OnnxLM(getattr(m, role), export, role=role)
+    stage(f"{role} loaded")
+for role, lm in lms.items():
+    cache = lm.new_cache()
+    lm.forward(list(range(1000, 1064)), cache, keep=1)
+    for i in range(16):
+        lm.forward([2000 + i], cache)
+stage("64-token prefill + 16 steps each")
+print(json.dumps(stages))
+"""
+
+
+def run_breakdown(memory: SessionMemory, export: str) -> list[dict]:
+    """RSS by kind (MB) after each loading stage of ``export``'s pair, in a fresh process."""
+    p = subprocess.run([sys.executable, "-c", BREAKDOWN, json.dumps(dataclasses.asdict(memory)), export],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"memory bench: breakdown of {export} failed:\n{p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def run_one(memory: SessionMemory, argv: list[str], stdin_text: str, tmp: Path, child: str = CHILD) -> dict:
     """One process: peak RSS (MB), RSS after the first target run, growth per context token, decode tok/s."""
     trace = tmp / "trace.txt"
@@ -127,7 +173,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dirs", nargs="*", default=[str(paths.default_export_dir())])
     ap.add_argument("--settings", default="edgespec", help="comma-separated SessionMemory.named() names")
-    ap.add_argument("--commands", default="chat,chat-target-only,plain")
+    ap.add_argument("--commands", default="chat,chat-target-only,plain",
+                    help="comma-separated: chat, chat-target-only, plain, breakdown (RSS by kind while loading)")
     ap.add_argument("--turns", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=120)
     ap.add_argument("--soak", type=int, default=0, metavar="N",
@@ -151,6 +198,17 @@ def main() -> int:
                            "--prompt", TURNS[0]], ""),
             }
             for cmd in ["soak"] if a.soak else a.commands.split(","):
+                if cmd == "breakdown":
+                    for name, mem in dir_settings.items():
+                        stages = run_breakdown(mem, d)
+                        result["runs"].append({"export": d, "graph_format": fmt, "command": cmd, "setting": name,
+                                               "stages": stages})
+                        for st in stages:
+                            print(f"{Path(d).name} (format {fmt}) breakdown {name:13s} {st['stage']:34s} RSS "
+                                  f"{st['rss_mb']:6.0f} MB = anonymous {st['anon_mb']:6.0f} + file-backed "
+                                  f"{st['file_mb']:5.0f} (target .data {st['target_data_mb']:4.0f}, draft .data "
+                                  f"{st['draft_data_mb']:4.0f})", flush=True)
+                    continue
                 argv, stdin_text = commands[cmd] if cmd != "soak" else ([d, str(a.soak)], "")
                 for name, mem in dir_settings.items():
                     r = {"export": d, "graph_format": fmt, "command": cmd, "setting": name,

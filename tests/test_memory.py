@@ -239,3 +239,19 @@ def test_memory_bench_runs_each_directory_under_its_own_settings(int4_export, tm
     assert [x["setting"] for x in runs] == ["ort-defaults", "edgespec", "cpu_arena=0"]
     assert all(x["export"] == str(int4_export) and x["peak_rss_mb"] > 0.9 * x["rss_end_mb"] > 0 for x in runs)
     assert runs[0]["context_tokens"] == 20 + 30
+
+
+def test_memory_bench_breakdown_stages(int4_export, tmp_path):
+    import json
+    import subprocess
+    from pathlib import Path
+
+    out = tmp_path / "b.json"
+    r = subprocess.run([sys.executable, str(Path(__file__).resolve().parent.parent / "bench" / "memory.py"),
+                        str(int4_export), "--commands", "breakdown", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (run,) = json.loads(out.read_text())["runs"]
+    assert [s["stage"] for s in run["stages"]] == ["imports", "tokenizer", "target loaded", "draft loaded",
+                                                   "64-token prefill + 16 steps each"]
+    assert all(s["rss_mb"] > 0 and s["target_data_mb"] >= 0 for s in run["stages"])
