@@ -96,13 +96,15 @@ print(json.dumps({"stats": {"tokens_per_s": steps / (__import__("time").perf_cou
 
 
 # The breakdown child: RSS by kind (anonymous: packed weights, arena, KV, Python; file-backed: each graph's
-# .data file, the rest) after each loading stage and after a 64-token prefill + 16 steps of each graph.
+# .data file, the rest) after each loading stage and after a prefill of one chunk (the decoder's
+# PREFILL_CHUNK tokens, as a chat's first turn) + 16 one-token steps of each graph.
 BREAKDOWN = r"""
 import json, sys
 from pathlib import Path
 import edgespec.onnx_model as om
 from edgespec.manifest import load_manifest
 from edgespec.pages import mapped_rss
+from edgespec.decoder import PREFILL_CHUNK
 om.DEFAULT_MEMORY = om.SessionMemory(**json.loads(sys.argv[1]))
 export = Path(sys.argv[2])
 m = load_manifest(export)
@@ -124,10 +126,10 @@ for role in ("target", "draft"):
     stage(f"{role} loaded")
 for role, lm in lms.items():
     cache = lm.new_cache()
-    lm.forward(list(range(1000, 1064)), cache, keep=1)
+    lm.forward(list(range(1000, 1000 + PREFILL_CHUNK)), cache, keep=1)
     for i in range(16):
         lm.forward([2000 + i], cache)
-stage("64-token prefill + 16 steps each")
+stage("prefill + 16 steps each")
 print(json.dumps(stages))
 """
 
@@ -204,7 +206,7 @@ def main() -> int:
                         result["runs"].append({"export": d, "graph_format": fmt, "command": cmd, "setting": name,
                                                "stages": stages})
                         for st in stages:
-                            print(f"{Path(d).name} (format {fmt}) breakdown {name:13s} {st['stage']:34s} RSS "
+                            print(f"{Path(d).name} (format {fmt}) breakdown {name:13s} {st['stage']:24s} RSS "
                                   f"{st['rss_mb']:6.0f} MB = anonymous {st['anon_mb']:6.0f} + file-backed "
                                   f"{st['file_mb']:5.0f} (target .data {st['target_data_mb']:4.0f}, draft .data "
                                   f"{st['draft_data_mb']:4.0f})", flush=True)

@@ -253,5 +253,5 @@ def test_memory_bench_breakdown_stages(int4_export, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     (run,) = json.loads(out.read_text())["runs"]
     assert [s["stage"] for s in run["stages"]] == ["imports", "tokenizer", "target loaded", "draft loaded",
-                                                   "64-token prefill + 16 steps each"]
+                                                   "prefill + 16 steps each"]
     assert all(s["rss_mb"] > 0 and s["target_data_mb"] >= 0 for s in run["stages"])
