@@ -125,10 +125,11 @@ for role in ("target", "draft"):
     lms[role] = om.OnnxLM(getattr(m, role), export, role=role)
     stage(f"{role} loaded")
 for role, lm in lms.items():
-    cache = lm.new_cache()
-    lm.forward(list(range(1000, 1000 + PREFILL_CHUNK)), cache, keep=1)
+    cache, v = lm.new_cache(), lm.spec.vocab_size
+    n = min(PREFILL_CHUNK, lm.spec.context_length - 17)
+    lm.forward([(1000 + i) % v for i in range(n)], cache, keep=1)
     for i in range(16):
-        lm.forward([2000 + i], cache)
+        lm.forward([(2000 + i) % v], cache)
 stage("prefill + 16 steps each")
 print(json.dumps(stages))
 """
