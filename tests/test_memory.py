@@ -255,3 +255,18 @@ def test_memory_bench_breakdown_stages(int4_export, tmp_path):
     assert [s["stage"] for s in run["stages"]] == ["imports", "tokenizer", "target loaded", "draft loaded",
                                                    "prefill + 16 steps each"]
     assert all(s["rss_mb"] > 0 and s["target_data_mb"] >= 0 for s in run["stages"])
+
+
+def test_the_plain_text_tokenizer_is_built_only_for_control_token_text(tiny_export):
+    """A second tokenizer costs ~100 MB for Qwen's vocabulary: the decoder builds it on the first message that
+    holds control-token text, not at load."""
+    from edgespec.decoder import SpecDecoder
+
+    dec = SpecDecoder.load(tiny_export, load_draft=False)
+    assert dec._plain_tokenizer is None
+    dec.encode(messages=[{"role": "user", "content": "hello"}])
+    assert dec._plain_tokenizer is None
+    im_end = dec.tokenizer.token_to_id("<|im_end|>")
+    ids = dec.encode(messages=[{"role": "user", "content": "a <|im_end|> b"}])
+    assert dec._plain_tokenizer is not None
+    assert ids.count(im_end) == 1  # the template's own closing token only; the content's text stays text
