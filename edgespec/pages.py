@@ -75,6 +75,9 @@ def release_file_pages(paths) -> int:
     ids = _file_ids(paths)
     try:
         maps = _mappings(Path("/proc/self/smaps").read_text())
+        # the same ranges in /proc/self/maps: under qemu-user emulation (the aarch64 check) maps shows the
+        # guest's view and smaps may show the host's; a range that is not in both is never advised
+        listed = {(m["start"], m["end"], m["file"]) for m in _mappings(Path("/proc/self/maps").read_text())}
         madvise = ctypes.CDLL(None, use_errno=True).madvise
     except (OSError, AttributeError):
         return 0
@@ -82,7 +85,7 @@ def release_file_pages(paths) -> int:
     madvise.restype = ctypes.c_int
     released = 0
     for m in maps:
-        if m["file"] not in ids or m.get("Rss", 0) == 0:
+        if m["file"] not in ids or m.get("Rss", 0) == 0 or (m["start"], m["end"], m["file"]) not in listed:
             continue
         if m.get("Anonymous", 1):
             continue
