@@ -13,7 +13,9 @@ conversation (MB/token, least squares over every target run), and decode tok/s (
 
 Several export directories (e.g. the same pair exported with ``--graph-format 2`` and ``3``) are measured one
 after the other in the same invocation; ``DIR@SETTING,SETTING`` measures that directory under its own settings
-instead of ``--settings`` (e.g. ``old-export@ort-defaults new-export@edgespec``).
+instead of ``--settings`` (e.g. ``old-export@ort-defaults new-export@edgespec``). The setting
+``checkout=PATH`` runs another source checkout of edgespec (``PYTHONPATH=PATH``, e.g. ``git archive`` of the
+commit before a change) with its own defaults: the "before" of a change outside the session settings.
 
 On a shared machine, hold its CPU lock around the command (``flock /work/locks/cpu.lock python bench/memory.py``).
 """
@@ -144,13 +146,26 @@ def run_breakdown(memory: SessionMemory, export: str) -> list[dict]:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def run_one(memory: SessionMemory, argv: list[str], stdin_text: str, tmp: Path, child: str = CHILD) -> dict:
-    """One process: peak RSS (MB), RSS after the first target run, growth per context token, decode tok/s."""
+def _setting(name: str) -> SessionMemory | Path:
+    """A named session setting, or the source checkout of ``checkout=PATH``."""
+    if name.startswith("checkout="):
+        path = Path(name.partition("=")[2]).expanduser()
+        if not (path / "edgespec" / "__init__.py").is_file():
+            raise SystemExit(f"memory bench: {path} is not an edgespec source checkout")
+        return path
+    return SessionMemory.named(name)
+
+
+def run_one(memory: SessionMemory | Path, argv: list[str], stdin_text: str, tmp: Path, child: str = CHILD) -> dict:
+    """One process: peak RSS (MB), RSS after the first target run, growth per context token, decode tok/s.
+    ``memory`` a source checkout (Path): that checkout's code with its default settings."""
     trace = tmp / "trace.txt"
     (tmp / "stdin.txt").write_text(stdin_text)
+    env = dict(os.environ, PYTHONPATH=str(memory)) if isinstance(memory, Path) else None
+    setting = "{}" if isinstance(memory, Path) else json.dumps(dataclasses.asdict(memory))
     with open(tmp / "stdin.txt") as fin, open(tmp / "out.txt", "w") as fout, open(tmp / "err.txt", "w") as ferr:
-        p = subprocess.Popen([sys.executable, "-c", child, json.dumps(dataclasses.asdict(memory)), str(trace), *argv],
-                             stdin=fin, stdout=fout, stderr=ferr)
+        p = subprocess.Popen([sys.executable, "-c", child, setting, str(trace), *argv],
+                             stdin=fin, stdout=fout, stderr=ferr, env=env)
         _, status, usage = os.wait4(p.pid, 0)
     err = (tmp / "err.txt").read_text()
     if status != 0:
@@ -185,13 +200,13 @@ def main() -> int:
                          "context token; runs on random-weight exports too)")
     ap.add_argument("--out", default=None, help="also write the JSON result here")
     a = ap.parse_args()
-    settings = {name: SessionMemory.named(name) for name in a.settings.split(",")}
+    settings = {name: _setting(name) for name in a.settings.split(",")}
     chat_in = "\n".join((TURNS * 4)[:a.turns]) + "\n"
     result = {"command": "python bench/memory.py " + " ".join(sys.argv[1:]), "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
         for arg in a.dirs:
             d, _, own = arg.partition("@")
-            dir_settings = {n: SessionMemory.named(n) for n in own.split(",")} if own else settings
+            dir_settings = {n: _setting(n) for n in own.split(",")} if own else settings
             fmt = load_manifest(d).target.graph_format
             commands = {
                 "chat": (["chat", d, "--max-new-tokens", str(a.max_new_tokens)], chat_in),
@@ -203,6 +218,8 @@ def main() -> int:
             for cmd in ["soak"] if a.soak else a.commands.split(","):
                 if cmd == "breakdown":
                     for name, mem in dir_settings.items():
+                        if isinstance(mem, Path):
+                            continue  # another checkout may not have edgespec.pages
                         stages = run_breakdown(mem, d)
                         result["runs"].append({"export": d, "graph_format": fmt, "command": cmd, "setting": name,
                                                "stages": stages})
@@ -218,7 +235,7 @@ def main() -> int:
                          **run_one(mem, argv, stdin_text, Path(tmp), SOAK if cmd == "soak" else CHILD)}
                     result["runs"].append(r)
                     g = r["growth_mb_per_token"]
-                    print(f"{Path(d).name} (format {fmt}) {cmd:17s} {name:13s} peak {r['peak_rss_mb']:6.0f} MB"
+                    print(f"{Path(d).name} (format {fmt}) {cmd:17s} {Path(name).name:13s} peak {r['peak_rss_mb']:6.0f} MB"
                           f" | after first run "
                           f"{r['rss_first_run_mb']:6.0f} MB ({r['file_backed_first_run_mb']:.0f} file-backed) | end "
                           f"{r['rss_end_mb']:6.0f} MB at {r['context_tokens']} tokens | growth "

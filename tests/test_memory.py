@@ -232,11 +232,11 @@ def test_memory_bench_runs_each_directory_under_its_own_settings(int4_export, tm
     root = Path(__file__).resolve().parent.parent
     out = tmp_path / "memory.json"
     r = subprocess.run([sys.executable, str(root / "bench" / "memory.py"), f"{int4_export}@ort-defaults",
-                        f"{int4_export}@edgespec,cpu_arena=0", "--soak", "30", "--out", str(out)],
+                        f"{int4_export}@edgespec,cpu_arena=0,checkout={root}", "--soak", "30", "--out", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     runs = json.loads(out.read_text())["runs"]
-    assert [x["setting"] for x in runs] == ["ort-defaults", "edgespec", "cpu_arena=0"]
+    assert [x["setting"] for x in runs] == ["ort-defaults", "edgespec", "cpu_arena=0", f"checkout={root}"]
     assert all(x["export"] == str(int4_export) and x["peak_rss_mb"] > 0.9 * x["rss_end_mb"] > 0 for x in runs)
     assert runs[0]["context_tokens"] == 20 + 30
 
