@@ -164,8 +164,8 @@ def run_one(memory: SessionMemory | Path, argv: list[str], stdin_text: str, tmp:
     env = dict(os.environ, PYTHONPATH=str(memory)) if isinstance(memory, Path) else None
     setting = "{}" if isinstance(memory, Path) else json.dumps(dataclasses.asdict(memory))
     with open(tmp / "stdin.txt") as fin, open(tmp / "out.txt", "w") as fout, open(tmp / "err.txt", "w") as ferr:
-        p = subprocess.Popen([sys.executable, "-c", child, setting, str(trace), *argv],
-                             stdin=fin, stdout=fout, stderr=ferr, env=env)
+        p = subprocess.Popen([sys.executable, "-c", child, setting, str(trace), *argv],  # cwd: not on sys.path
+                             stdin=fin, stdout=fout, stderr=ferr, env=env, cwd=tmp)
         _, status, usage = os.wait4(p.pid, 0)
     err = (tmp / "err.txt").read_text()
     if status != 0:
@@ -206,6 +206,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for arg in a.dirs:
             d, _, own = arg.partition("@")
+            d = str(Path(d).expanduser().resolve())  # the children run in a temporary directory
             dir_settings = {n: _setting(n) for n in own.split(",")} if own else settings
             fmt = load_manifest(d).target.graph_format
             commands = {
