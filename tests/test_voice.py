@@ -209,6 +209,41 @@ def test_first_sentence_is_spoken_before_decoding_goes_on(asr, question):
     assert [m["role"] for m in fake.messages] == ["system", "user", "assistant", "user"]
 
 
+def test_warm_up_caches_the_system_prompt_and_every_turn_starts_from_it(tiny_export, asr, question, monkeypatch):
+    """warm_up prefills the system prompt into both KV caches; a turn then feeds neither model the system
+    prompt again, answers as a cold turn does (greedy), reports its stages in order; reset() goes back to it."""
+    from edgespec.decoder import SpecDecoder
+    from edgespec.voice.pipeline import VOICE_SYSTEM_PROMPT, VoiceAssistant, WavSink
+    from edgespec.voice.tts import EspeakTTS
+
+    dec = SpecDecoder.load(tiny_export)
+    va = VoiceAssistant(asr, dec, EspeakTTS(), policy=2, max_new_tokens=12)
+    audio = read_wav(question)
+    cold = va.turn(audio, WavSink())
+    va.reset()
+    dec.reset()
+    va.warm_up()
+    n = len(va.prefix)
+    q = dec.encode(messages=[{"role": "system", "content": VOICE_SYSTEM_PROMPT}, {"role": "user", "content": "x"}])
+    assert 0 < n < len(q) and q[:n] == va.prefix == dec.tokens
+    assert dec.tcache.length == dec.dcache.length == n - 1
+    starts = []
+    for lm in (dec.target, dec.draft):
+        def forward(ids, cache, *a, _f=lm.forward, **kw):
+            starts.append(cache.length)
+            return _f(ids, cache, *a, **kw)
+        monkeypatch.setattr(lm, "forward", forward)
+    r = va.turn(audio, WavSink())
+    assert min(starts) == n - 1
+    assert r.answer == cold.answer and r.first_chunk and r.first_chunk_tokens >= 1
+    assert r.endpoint_ms >= 0 and r.asr_ms > 0 and r.prefill_ms > 0 and r.first_chunk_tts_ms > 0
+    assert r.endpoint_ms + r.asr_ms <= r.eos_to_transcript_ms <= r.eos_to_first_token_ms - r.prefill_ms
+    assert r.eos_to_first_token_ms + r.first_chunk_decode_ms + r.first_chunk_tts_ms <= r.eos_to_first_audio_ms
+    assert r.audio_out_ms == 0.0
+    va.reset()
+    assert dec.tokens == va.prefix and dec.tcache.length == dec.dcache.length == n - 1
+
+
 # -- the whole turn, through the command line --------------------------------------------------------------
 
 def test_wav_question_to_spoken_answer(tiny_export, home, asr_dir, question, tmp_path):
@@ -240,7 +275,31 @@ def test_microphone_and_speaker_through_alsa_file_plugin(tiny_export, home, asr_
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert words(rep["transcript"]) == words(SENTENCES[0])
+    assert rep["endpoint_ms"] >= 600 - 30  # measured from the end of speech: the endpointer's 0.6 s wait counts
+    assert rep["audio_out_ms"] > 0  # the speaker's output latency is part of the delay
     assert spk.is_file() and spk.stat().st_size // 2 >= rep["answer_audio_s"] * 22050 * 0.99 > 0
+
+
+def test_bench_answers_each_question_with_speculation_on_and_off_and_reports_the_stages(
+        tiny_export, home, asr_dir, question, tmp_path):
+    import shutil
+
+    qs = tmp_path / "questions"
+    qs.mkdir()
+    shutil.copy(question, qs / "q1.wav")
+    out = tmp_path / "bench.json"
+    r = run(["voice", str(tiny_export), "--bench", str(qs), "--out", str(out), "--k", "2", "--max-new-tokens", "12",
+             "--tts", "espeak", "--asr-dir", str(asr_dir)], home)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    turns = {t["mode"]: t for t in res["turns"]}
+    assert set(turns) == {"spec", "plain"} and turns["spec"]["answer"] == turns["plain"]["answer"]
+    assert turns["spec"]["prefill_ms"] > 0 and turns["plain"]["prefill_ms"] > 0
+    for mode in ("spec", "plain"):
+        s = res["summary"][mode]
+        assert all(s[k] is not None for k in ("endpoint_ms", "asr_ms", "prefill_ms", "first_chunk_decode_ms",
+                                              "first_chunk_tts_ms", "audio_out_ms", "eos_to_first_audio_ms"))
+    assert "end-of-speech detection ms" in r.stdout
 
 
 # -- bad input: one line, no traceback, no LLM call --------------------------------------------------------

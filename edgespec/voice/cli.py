@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 
 MODES = ("spec", "plain")
+# the stages of end of speech → first audio, in order (TurnReport fields, ms)
+STAGES = ("endpoint_ms", "asr_ms", "prefill_ms", "first_chunk_decode_ms", "first_chunk_tts_ms", "audio_out_ms")
 DEFAULT_BUDGET_MS = 250.0
 
 
@@ -148,6 +150,7 @@ def run_voice(a, export_dir) -> int:
     va = VoiceAssistant(asr, dec, tts, _policy(a, dec), a.mode,
                         VOICE_SYSTEM_PROMPT if a.system is None else a.system, a.max_new_tokens, a.temperature,
                         a.seed)
+    va.warm_up()  # every session run once, the system prompt in both KV caches: the first turn pays neither
     if wavs is not None:
         return _bench(va, wavs, a)
     if question is not None:
@@ -186,7 +189,10 @@ def format_turn(r) -> str:
     tts = "—" if r.tts_rtf is None else f"{r.tts_rtf:.3f}"
     return (f"[end of speech → transcript {f(r.eos_to_transcript_ms)}, → first token {f(r.eos_to_first_token_ms)}, "
             f"→ first audio {f(r.eos_to_first_audio_ms)}; ASR RTF {r.asr_rtf:.3f}, TTS RTF {tts} ({r.tts_engine}); "
-            f"{r.new_tokens} tokens, {r.decode_tok_s:.1f} tok/s{alpha}; {r.mode}]")
+            f"{r.new_tokens} tokens, {r.decode_tok_s:.1f} tok/s{alpha}; {r.mode}; stages: detection "
+            f"{f(r.endpoint_ms)}, ASR {f(r.asr_ms)}, prefill {f(r.prefill_ms)}, first chunk "
+            f"{r.first_chunk_tokens} tokens {f(r.first_chunk_decode_ms)}, its TTS {f(r.first_chunk_tts_ms)}, "
+            f"out {f(r.audio_out_ms)}]")
 
 
 def _loop(va, a) -> int:
@@ -247,7 +253,7 @@ def _bench(va, wavs, a) -> int:
             if not a.json:
                 print(f"{name} {mode}: {format_turn(r)}", file=sys.stderr)
     keys = ("eos_to_transcript_ms", "eos_to_first_token_ms", "eos_to_first_audio_ms", "asr_rtf", "tts_rtf",
-            "decode_tok_s", "alpha", "new_tokens")
+            "decode_tok_s", "alpha", "new_tokens") + STAGES + ("first_chunk_tokens",)
     summary = {m: {k: _median([t[k] for t in turns if t["mode"] == m]) for k in keys} for m in MODES}
     on, off = summary["spec"]["eos_to_first_audio_ms"], summary["plain"]["eos_to_first_audio_ms"]
     result = {"command": "edgespec " + " ".join(sys.argv[1:]), "questions": len(questions),
@@ -274,6 +280,13 @@ def format_bench(result: dict) -> str:
         rows.append(f"| {m} | {f(s['eos_to_transcript_ms'])} | {f(s['eos_to_first_token_ms'])} | "
                     f"{f(s['eos_to_first_audio_ms'])} | {f(s['asr_rtf'], 3)} | {f(s['tts_rtf'], 3)} | "
                     f"{f(s['decode_tok_s'], 1)} | {f(s['alpha'], 2)} |")
+    rows += ["", "| mode | end-of-speech detection ms | ASR ms | prefill ms | first chunk decode ms (tokens) "
+             "| first chunk TTS ms | audio out ms |", "|---|---|---|---|---|---|---|"]
+    for m, s in result["summary"].items():
+        if "asr_ms" in s:
+            rows.append(f"| {m} | {f(s['endpoint_ms'])} | {f(s['asr_ms'])} | {f(s['prefill_ms'])} | "
+                        f"{f(s['first_chunk_decode_ms'])} ({f(s['first_chunk_tokens'])}) | "
+                        f"{f(s['first_chunk_tts_ms'])} | {f(s['audio_out_ms'])} |")
     r = result["first_audio_spec_over_plain"]
     rows.append(f"\n{result['questions']} questions, TTS {result['tts_engine']}; median first audio spec/plain: "
                 f"{'—' if r is None else f'{r:.2f}×'}")

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import EdgespecError
 from .asr import SAMPLE_RATE
-from .audio import MAX_QUESTION_S, Endpointer
+from .audio import FRAME_S, MAX_QUESTION_S, Endpointer
 from .pipeline import NoSpeech
 from .tts import VOICE_EXTRA
 
@@ -50,8 +50,9 @@ def listen(wait_s: float = 10.0, hangover_s: float = 0.6, threshold: float = 0.0
            max_s: float = MAX_QUESTION_S) -> tuple[np.ndarray, float]:
     """Record one spoken question from the default input device.
 
-    Returns ``(audio, t_eos)``: float32 (S,) at 16 kHz, and the perf_counter time (s) at which the end of
-    speech was detected. Raises NoSpeech when nothing louder than ``threshold`` (RMS) came within ``wait_s``;
+    Returns ``(audio, t_eos)``: float32 (S,) at 16 kHz, and the perf_counter time (s) of the end of speech:
+    the end of the last loud frame, ``hangover_s`` before the endpointer decided (so a turn's report counts
+    the endpointer's wait as part of the delay the speaker feels). Raises NoSpeech when nothing louder than ``threshold`` (RMS) came within ``wait_s``;
     EdgespecError when there is no input device.
     """
     sd = sounddevice()
@@ -67,7 +68,7 @@ def listen(wait_s: float = 10.0, hangover_s: float = 0.6, threshold: float = 0.0
                 ep.push(x)
     except (sd.PortAudioError, ValueError) as e:
         raise _device_error("microphone", e) from None
-    t_eos = time.perf_counter()
+    t_eos = time.perf_counter() - ep.quiet * FRAME_S
     if ep.timed_out:
         raise NoSpeech(f"no speech heard in {wait_s:g} s")
     return np.concatenate(blocks), t_eos
@@ -79,10 +80,11 @@ class SpeakerSink:
     def __init__(self, rate: int):
         sd = sounddevice()
         try:
-            self.stream = sd.OutputStream(samplerate=rate, channels=1, dtype="int16")
+            self.stream = sd.OutputStream(samplerate=rate, channels=1, dtype="int16", latency="low")
             self.stream.start()
         except (sd.PortAudioError, ValueError) as e:
             raise _device_error("speaker", e) from None
+        self.latency_ms = float(self.stream.latency) * 1e3  # PortAudio's output latency: written → heard
 
     def write(self, s: np.ndarray) -> None:
         self.stream.write(np.ascontiguousarray(s.reshape(-1, 1), dtype=np.int16))

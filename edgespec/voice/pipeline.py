@@ -81,6 +81,16 @@ class TurnReport:
     sentences: int
     tts_engine: str
     prefill_ms: float = 0.0
+    # where the delay to the first sound goes, in order (ms): end-of-speech detection (WAV: finding the
+    # speech; microphone: the endpointer's wait for silence), speech recognition, the LLM's prefill, decoding
+    # the rest of the first chunk after its first token, synthesizing the first chunk, the sink's output latency
+    endpoint_ms: float = 0.0
+    asr_ms: float = 0.0
+    first_chunk_decode_ms: float | None = None
+    first_chunk_tts_ms: float | None = None
+    audio_out_ms: float = 0.0
+    first_chunk: str = ""
+    first_chunk_tokens: int = 0
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -97,6 +107,7 @@ class _Speaker(threading.Thread):
         self.first_audio: float | None = None
         self.first_done = threading.Event()  # the first sentence is synthesized (or came out empty, or failed)
         self.tts_ms, self.samples, self.error = 0.0, 0, None
+        self.first_tts_ms: float | None = None  # synthesis of the chunk that made the first sound
 
     def run(self):
         while (text := self.q.get()) is not None:
@@ -107,7 +118,7 @@ class _Speaker(threading.Thread):
                 self.tts_ms += ms
                 if s.size:
                     if self.first_audio is None:
-                        self.first_audio = time.perf_counter()
+                        self.first_audio, self.first_tts_ms = time.perf_counter(), ms
                     self.samples += s.size
                     self.first_done.set()
                     self.sink.write(s)
@@ -133,10 +144,42 @@ class VoiceAssistant:
         self.temperature, self.seed, self.history_turns = temperature, seed, history_turns
         self.first_sentence_first = first_sentence_first
         self.history: list[dict] = []
+        self.prefix: list[int] | None = None  # the system prompt's ids, cached by warm_up()
+
+    def system_prefix(self) -> list[int]:
+        """Token ids every turn's prompt starts with: the chat template's rendering of the system prompt (the
+        common prefix of two renderings with different questions)."""
+        sys_msg = [{"role": "system", "content": self.system}] if self.system else []
+        a, b = (self.decoder.encode(messages=sys_msg + [{"role": "user", "content": q}]) for q in ("a", "b"))
+        n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        return a[:n]
+
+    def warm_up(self) -> float:
+        """Before the first turn: run every session once (speech recognition, text to speech, target and
+        draft at one and several rows) and prefill the system prompt into both KV caches
+        (:meth:`SpecDecoder.cache_prefix`), so that a turn pays only for its question. Returns the ms taken."""
+        from ..kpolicy import FixedK
+
+        t0 = time.perf_counter()
+        rng = np.random.default_rng(0)
+        self.asr.transcribe((0.01 * rng.standard_normal(SAMPLE_RATE)).astype(np.float32))
+        self.tts.synthesize("Hello.")
+        self.prefix = self.system_prefix()
+        if self.prefix:
+            msgs = ([{"role": "system", "content": self.system}] if self.system else [])
+            msgs = msgs + [{"role": "user", "content": "Hello."}]
+            proposers = ("draft",) if self.decoder.draft is not None else ()
+            for _ in self.decoder.generate(messages=msgs, proposers=proposers, policy=FixedK(2),
+                                           max_new_tokens=4, temperature=0.0):
+                pass
+            self.decoder.cache_prefix(self.prefix)
+        return (time.perf_counter() - t0) * 1e3
 
     def reset(self) -> None:
-        """Forget the conversation."""
+        """Forget the conversation (after warm_up(): the caches go back to the system prompt)."""
         self.history = []
+        if self.prefix:
+            self.decoder.cache_prefix(self.prefix)
 
     def turn(self, audio: np.ndarray, sink, t_eos: float | None = None, mode: str | None = None) -> TurnReport:
         """Answer one spoken question: 16 kHz mono float32 (S,) → spoken answer written to ``sink``.
@@ -149,6 +192,7 @@ class VoiceAssistant:
         sp = find_speech(audio, SAMPLE_RATE)
         if not sp.found:
             raise NoSpeech("no speech in the recording (silent or too quiet); nothing was sent to the model")
+        t_asr = time.perf_counter()
         tr = self.asr.transcribe(audio[sp.start:sp.end])
         t_transcript = time.perf_counter()
         if not tr.text.strip():
@@ -164,18 +208,22 @@ class VoiceAssistant:
             gen = self.decoder.generate(messages=messages, proposers=("draft",), policy=self.policy, **kw)
         speaker = _Speaker(self.tts, sink)
         speaker.start()
-        t_first_token, buf, n_sent = None, "", 0
+        t_first_token, t_first_chunk, first_chunk, first_tokens, buf, n_sent = None, None, "", 0, "", 0
         try:
             for piece in gen:
                 if t_first_token is None:
                     t_first_token = time.perf_counter()
                 sentences, buf = split_sentences(buf + piece, first=n_sent == 0)
+                if sentences and n_sent == 0:
+                    t_first_chunk, first_chunk, first_tokens = time.perf_counter(), sentences[0], gen.stats.new_tokens
                 for s in sentences:
                     speaker.q.put(s)
                     n_sent += 1
                 if sentences and n_sent == len(sentences) and self.first_sentence_first:
                     speaker.first_done.wait()
             sentences, _ = split_sentences(buf, final=True)
+            if sentences and n_sent == 0:
+                t_first_chunk, first_chunk, first_tokens = time.perf_counter(), sentences[0], gen.stats.new_tokens
             for s in sentences:
                 speaker.q.put(s)
                 n_sent += 1
@@ -189,18 +237,25 @@ class VoiceAssistant:
         st = gen.stats
         audio_s = speaker.samples / self.tts.rate
         ms = lambda t: None if t is None else (t - t_eos) * 1e3  # noqa: E731
+        out_ms = float(getattr(sink, "latency_ms", 0.0))  # first sample written → heard
+        first_audio = ms(speaker.first_audio)
         return TurnReport(
             transcript=tr.text, answer=gen.text.strip(), mode=mode, question_s=tr.audio_s,
             eos_to_transcript_ms=ms(t_transcript), eos_to_first_token_ms=ms(t_first_token),
-            eos_to_first_audio_ms=ms(speaker.first_audio), asr_rtf=tr.rtf,
+            eos_to_first_audio_ms=None if first_audio is None else first_audio + out_ms, asr_rtf=tr.rtf,
             tts_rtf=speaker.tts_ms / 1e3 / audio_s if audio_s > 0 else None, answer_audio_s=audio_s,
             decode_tok_s=st.decode_tokens_per_s, new_tokens=st.new_tokens,
             alpha=st.alpha if mode != "plain" and st.proposed else None, sentences=n_sent,
-            tts_engine=self.tts.name, prefill_ms=st.prefill_ms)
+            tts_engine=self.tts.name, prefill_ms=st.prefill_ms, endpoint_ms=ms(t_asr), asr_ms=tr.ms,
+            first_chunk_decode_ms=None if t_first_chunk is None else (t_first_chunk - t_first_token) * 1e3,
+            first_chunk_tts_ms=speaker.first_tts_ms, audio_out_ms=out_ms, first_chunk=first_chunk,
+            first_chunk_tokens=first_tokens)
 
 
 class WavSink:
-    """Collects int16 samples in memory; ``samples()`` joins them."""
+    """Collects int16 samples in memory; ``samples()`` joins them. No output latency."""
+
+    latency_ms = 0.0
 
     def __init__(self):
         self.parts: list[np.ndarray] = []
