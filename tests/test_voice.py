@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import wave
 
 import numpy as np
@@ -145,6 +146,15 @@ def test_split_sentences_streams_complete_sentences_only():
     assert split_sentences("To reverse a list, use it", first=True) == (["To reverse a list,"], "use it")
     assert split_sentences("To reverse a list, use it") == ([], "To reverse a list, use it")
     assert split_sentences("Yes, it is", first=True) == ([], "Yes, it is")  # too short a clause
+    # phrase: the first chunk may also end before a phrase's first word, once that word is complete
+    assert split_sentences("The sky is blue because of", first=True, phrase=True) == (["The sky is blue"],
+                                                                                     "because of")
+    assert split_sentences("The sky is blue because", first=True, phrase=True) == ([], "The sky is blue because")
+    assert split_sentences("The sky is blue because of", first=True) == ([], "The sky is blue because of")
+    assert split_sentences("To reverse a list in Python, you", first=True, phrase=True) == (
+        ["To reverse a list"], "in Python, you")  # whichever comes first: the phrase or the comma
+    assert split_sentences("It is in a box", first=True, phrase=True) == ([], "It is in a box")  # 2 words
+    assert split_sentences("The sky is blue because of", phrase=True) == ([], "The sky is blue because of")
 
 
 def test_find_speech_and_endpointer():
@@ -168,8 +178,9 @@ class _Log:
     """A test double pair: a decoder that streams fixed pieces and a TTS that records what it speaks, both
     writing to one event log, to check the order of decoding and speaking."""
 
-    def __init__(self, pieces):
+    def __init__(self, pieces, pause=None):
         self.pieces, self.events, self.rate, self.name = pieces, [], 16000, "log"
+        self.pause = pause  # (piece index, seconds): the decoder sleeps before yielding that piece
         self.tokenizer = None
 
     def generate(self, messages, **kw):
@@ -181,7 +192,9 @@ class _Log:
             stats, text = GenerationStats(new_tokens=len(pieces)), "".join(pieces)
 
             def __iter__(self):
-                for p in pieces:
+                for i, p in enumerate(pieces):
+                    if log.pause and i == log.pause[0]:
+                        time.sleep(log.pause[1])
                     log.events.append(("decode", p))
                     yield p
 
@@ -242,6 +255,27 @@ def test_warm_up_caches_the_system_prompt_and_every_turn_starts_from_it(tiny_exp
     assert r.audio_out_ms == 0.0
     va.reset()
     assert dec.tokens == va.prefix and dec.tcache.length == dec.dcache.length == n - 1
+
+
+def test_first_chunk_rule_and_stalls(asr, question):
+    """first_chunk picks where the first spoken chunk ends; stall_ms counts the silence when a later chunk is
+    not ready by the time the one before it has played out (a 0.1 s chunk, then the decoder sleeps 0.4 s)."""
+    from edgespec.voice.pipeline import VoiceAssistant, WavSink
+
+    pieces = ["The sky is blue", " because", " of light", " in the air."]
+    audio = read_wav(question)
+    for rule, first in (("sentence", "The sky is blue because of light in the air."),
+                        ("clause", "The sky is blue because of light in the air."), ("phrase", "The sky is blue")):
+        fake = _Log(pieces)
+        r = VoiceAssistant(asr, fake, fake, policy=2, first_chunk=rule).turn(audio, WavSink())
+        assert r.first_chunk == first and fake.events[-1][0] == "speak"
+        assert r.stall_ms == 0.0 if rule != "phrase" else r.stall_ms >= 0.0
+
+    slow = _Log(["Paris is the capital.", " It is", " big."], pause=(2, 0.4))
+    r = VoiceAssistant(asr, slow, slow, policy=2).turn(audio, WavSink())
+    assert r.sentences == 2 and r.stall_ms >= 300  # 0.1 s of audio, then at least 0.4 s to the next chunk
+    with pytest.raises(ValueError):
+        VoiceAssistant(asr, slow, slow, first_chunk="word")
 
 
 # -- the whole turn, through the command line --------------------------------------------------------------

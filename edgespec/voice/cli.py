@@ -49,6 +49,9 @@ def add_voice_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=_number(int, "an integer ≥ 1", lambda v: v >= 1), default=96)
     p.add_argument("--temperature", type=_number(float, "a number ≥ 0", lambda v: v >= 0), default=0.0)
     p.add_argument("--seed", type=_number(int, "an integer", lambda v: True), default=None)
+    p.add_argument("--first-chunk", choices=("sentence", "clause", "phrase"), default="phrase",
+                   help="where the first spoken chunk may end: a sentence, also a comma (clause), or also before "
+                        "a phrase's first word such as 'because' or 'in' (phrase, default)")
     p.add_argument("--system", default=None, help="system prompt (default: answer in one or two short sentences)")
     p.add_argument("--tts", choices=("auto", "piper", "espeak"), default="auto",
                    help="text-to-speech engine (auto: Piper, else espeak-ng)")
@@ -149,7 +152,7 @@ def run_voice(a, export_dir) -> int:
                            shared_thread_pool=True)
     va = VoiceAssistant(asr, dec, tts, _policy(a, dec), a.mode,
                         VOICE_SYSTEM_PROMPT if a.system is None else a.system, a.max_new_tokens, a.temperature,
-                        a.seed)
+                        a.seed, first_chunk=a.first_chunk)
     va.warm_up()  # every session run once, the system prompt in both KV caches: the first turn pays neither
     if wavs is not None:
         return _bench(va, wavs, a)
@@ -253,10 +256,11 @@ def _bench(va, wavs, a) -> int:
             if not a.json:
                 print(f"{name} {mode}: {format_turn(r)}", file=sys.stderr)
     keys = ("eos_to_transcript_ms", "eos_to_first_token_ms", "eos_to_first_audio_ms", "asr_rtf", "tts_rtf",
-            "decode_tok_s", "alpha", "new_tokens") + STAGES + ("first_chunk_tokens",)
+            "decode_tok_s", "alpha", "new_tokens") + STAGES + ("first_chunk_tokens", "stall_ms")
     summary = {m: {k: _median([t[k] for t in turns if t["mode"] == m]) for k in keys} for m in MODES}
     on, off = summary["spec"]["eos_to_first_audio_ms"], summary["plain"]["eos_to_first_audio_ms"]
     result = {"command": "edgespec " + " ".join(sys.argv[1:]), "questions": len(questions),
+              "first_chunk": va.first_chunk,
               "tts_engine": va.tts.name, "summary": summary, "turns": turns,
               "first_audio_spec_over_plain": (on / off) if on and off else None}
     if a.out:
@@ -281,12 +285,12 @@ def format_bench(result: dict) -> str:
                     f"{f(s['eos_to_first_audio_ms'])} | {f(s['asr_rtf'], 3)} | {f(s['tts_rtf'], 3)} | "
                     f"{f(s['decode_tok_s'], 1)} | {f(s['alpha'], 2)} |")
     rows += ["", "| mode | end-of-speech detection ms | ASR ms | prefill ms | first chunk decode ms (tokens) "
-             "| first chunk TTS ms | audio out ms |", "|---|---|---|---|---|---|---|"]
+             "| first chunk TTS ms | audio out ms | stalls after ms |", "|---|---|---|---|---|---|---|---|"]
     for m, s in result["summary"].items():
         if "asr_ms" in s:
             rows.append(f"| {m} | {f(s['endpoint_ms'])} | {f(s['asr_ms'])} | {f(s['prefill_ms'])} | "
                         f"{f(s['first_chunk_decode_ms'])} ({f(s['first_chunk_tokens'])}) | "
-                        f"{f(s['first_chunk_tts_ms'])} | {f(s['audio_out_ms'])} |")
+                        f"{f(s['first_chunk_tts_ms'])} | {f(s['audio_out_ms'])} | {f(s['stall_ms'])} |")
     r = result["first_audio_spec_over_plain"]
     rows.append(f"\n{result['questions']} questions, TTS {result['tts_engine']}; median first audio spec/plain: "
                 f"{'—' if r is None else f'{r:.2f}×'}")

@@ -27,18 +27,37 @@ VOICE_SYSTEM_PROMPT = ("You are a voice assistant. Answer in one or two short sp
                        "no lists, no code, no Markdown.")
 _BOUNDARY = re.compile(r"(?<=[.!?;:])\s+|\n+")
 LONG_CLAUSE_CHARS = 120  # a clause longer than this is spoken up to its last comma
-FIRST_CLAUSE_WORDS = 4  # the answer's first chunk may end at a comma once it has this many words
+FIRST_CLAUSE_WORDS = 4  # the answer's first chunk may end at a comma (or a phrase) once it has this many words
+# words that open a phrase (conjunctions, relatives, prepositions): the first chunk may end before one of them
+PHRASE_OPENERS = frozenset(
+    "and but or because so that which who whose where when while if unless although though since like with "
+    "without in on at for from by into through using".split())
+FIRST_CHUNKS = ("sentence", "clause", "phrase")
 
 
 class NoSpeech(EdgespecError):
     """The recording holds no speech (silent, too quiet, or nothing recognized); the LLM is not called."""
 
 
-def split_sentences(buf: str, final: bool = False, first: bool = False) -> tuple[list[str], str]:
+def _first_cut(buf: str, phrase: bool) -> tuple[int, int] | None:
+    """Where the answer's first chunk may end early, as (end of the chunk, start of the rest) in ``buf``: after
+    a comma, or (``phrase``) before a complete word of :data:`PHRASE_OPENERS`, whichever comes first once
+    :data:`FIRST_CLAUSE_WORDS` words precede it; None if neither."""
+    for i, m in enumerate(re.finditer(r"\S+", buf)):
+        if i >= FIRST_CLAUSE_WORDS and phrase and m.end() < len(buf) and m.group().lower() in PHRASE_OPENERS:
+            return m.start(), m.start()
+        if m.group().endswith(",") and m.end() < len(buf) and i + 1 >= FIRST_CLAUSE_WORDS:
+            return m.end(), m.end()
+    return None
+
+
+def split_sentences(buf: str, final: bool = False, first: bool = False,
+                    phrase: bool = False) -> tuple[list[str], str]:
     """Complete sentences at the front of ``buf`` and the unfinished rest. A sentence ends at . ! ? ; : followed
     by whitespace, or a newline; a clause over :data:`LONG_CLAUSE_CHARS` characters ends at its last comma.
     ``first`` (nothing of the answer spoken yet): a comma after :data:`FIRST_CLAUSE_WORDS` words also ends
-    the chunk, so that the first sound does not wait for a long first sentence. ``final`` flushes the rest."""
+    the chunk, and with ``phrase`` so does the start of a phrase (``The sky is blue | because ...``), so that
+    the first sound does not wait for a long first sentence. ``final`` flushes the rest."""
     out = []
     while True:
         m = _BOUNDARY.search(buf)
@@ -47,10 +66,10 @@ def split_sentences(buf: str, final: bool = False, first: bool = False) -> tuple
         out.append(buf[:m.start()])
         buf = buf[m.end():]
     if first and not out:
-        m = re.search(r",\s", buf)
-        if m is not None and len(buf[:m.start()].split()) >= FIRST_CLAUSE_WORDS:
-            out.append(buf[:m.start() + 1])
-            buf = buf[m.end():]
+        cut = _first_cut(buf, phrase)
+        if cut is not None:
+            out.append(buf[:cut[0]])
+            buf = buf[cut[1]:].lstrip()
     if len(buf) > LONG_CLAUSE_CHARS and ", " in buf:
         cut = buf.rindex(", ") + 1
         out.append(buf[:cut])
@@ -91,6 +110,7 @@ class TurnReport:
     audio_out_ms: float = 0.0
     first_chunk: str = ""
     first_chunk_tokens: int = 0
+    stall_ms: float = 0.0  # silence inside the answer: chunks not ready when the one before finished playing
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -108,6 +128,8 @@ class _Speaker(threading.Thread):
         self.first_done = threading.Event()  # the first sentence is synthesized (or came out empty, or failed)
         self.tts_ms, self.samples, self.error = 0.0, 0, None
         self.first_tts_ms: float | None = None  # synthesis of the chunk that made the first sound
+        self.play_end: float | None = None  # when the audio so far has played out (real-time playback)
+        self.stall_s = 0.0
 
     def run(self):
         while (text := self.q.get()) is not None:
@@ -117,8 +139,12 @@ class _Speaker(threading.Thread):
                 s, ms = timed_synthesize(self.tts, speakable(text))
                 self.tts_ms += ms
                 if s.size:
+                    now = time.perf_counter()
                     if self.first_audio is None:
-                        self.first_audio, self.first_tts_ms = time.perf_counter(), ms
+                        self.first_audio, self.first_tts_ms = now, ms
+                    start = now if self.play_end is None else max(now, self.play_end)
+                    self.stall_s += start - (self.play_end or start)
+                    self.play_end = start + s.size / self.tts.rate
                     self.samples += s.size
                     self.first_done.set()
                     self.sink.write(s)
@@ -134,11 +160,18 @@ class VoiceAssistant:
 
     def __init__(self, asr, decoder, tts, policy=None, mode: str = "spec", system: str = VOICE_SYSTEM_PROMPT,
                  max_new_tokens: int = 96, temperature: float = 0.0, seed: int | None = None,
-                 history_turns: int = 4, first_sentence_first: bool = True):
+                 history_turns: int = 4, first_sentence_first: bool = True, first_chunk: str = "phrase"):
         """``mode``: ``spec`` (the draft model proposes) or ``plain`` (the target alone). ``policy``: a K policy
         (e.g. :class:`~edgespec.adaptive.AdaptiveK` with a latency budget) or a fixed int K. ``history_turns`` earlier question/answer pairs are kept.
         ``first_sentence_first``: the decoder waits while the first sentence is synthesized (on a 2-core CPU
-        the two would share the cores and delay the first sound); it resumes while that sentence plays."""
+        the two would share the cores and delay the first sound); it resumes while that sentence plays.
+        ``first_chunk``: where the first spoken chunk may end (:data:`FIRST_CHUNKS`): ``sentence``, ``clause``
+        (also a comma) or ``phrase`` (also before a phrase's first word; see :func:`split_sentences`).
+
+        Raises ValueError: an unknown ``first_chunk``."""
+        if first_chunk not in FIRST_CHUNKS:
+            raise ValueError(f"first_chunk must be one of {', '.join(FIRST_CHUNKS)}, got {first_chunk!r}")
+        self.first_chunk = first_chunk
         self.asr, self.decoder, self.tts, self.policy = asr, decoder, tts, policy
         self.mode, self.system, self.max_new_tokens = mode, system, max_new_tokens
         self.temperature, self.seed, self.history_turns = temperature, seed, history_turns
@@ -213,7 +246,8 @@ class VoiceAssistant:
             for piece in gen:
                 if t_first_token is None:
                     t_first_token = time.perf_counter()
-                sentences, buf = split_sentences(buf + piece, first=n_sent == 0)
+                sentences, buf = split_sentences(buf + piece, first=n_sent == 0 and self.first_chunk != "sentence",
+                                                 phrase=self.first_chunk == "phrase")
                 if sentences and n_sent == 0:
                     t_first_chunk, first_chunk, first_tokens = time.perf_counter(), sentences[0], gen.stats.new_tokens
                 for s in sentences:
@@ -249,7 +283,7 @@ class VoiceAssistant:
             tts_engine=self.tts.name, prefill_ms=st.prefill_ms, endpoint_ms=ms(t_asr), asr_ms=tr.ms,
             first_chunk_decode_ms=None if t_first_chunk is None else (t_first_chunk - t_first_token) * 1e3,
             first_chunk_tts_ms=speaker.first_tts_ms, audio_out_ms=out_ms, first_chunk=first_chunk,
-            first_chunk_tokens=first_tokens)
+            first_chunk_tokens=first_tokens, stall_ms=speaker.stall_s * 1e3)
 
 
 class WavSink:
