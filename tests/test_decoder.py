@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from edgespec.decoder import SpecDecoder
+from edgespec.generation import GenerationOptions
 from edgespec.kpolicy import KPolicy, KSchedule, RoundPlan
 from edgespec.text import IncrementalDetokenizer
 
@@ -240,3 +241,27 @@ def test_cached_prefix_is_reused_by_both_models_and_changes_nothing(dec, monkeyp
     assert dec.tokens == prefix[:5] + [prefix[5] + 1] and dec.tcache.length == dec.dcache.length == 5
     with pytest.raises(ValueError):
         dec.cache_prefix([])
+
+
+def test_hold_plain_proposes_nothing_until_released_and_changes_nothing(dec, monkeypatch):
+    from edgespec.kpolicy import FixedK, HoldPlain
+
+    ids = _ids(dec, "def add(a, b):")
+    ref = _plain(dec, ids, 24).token_ids
+    sizes = []
+    run_round = dec.run_round
+
+    def record(plan, *a, **kw):
+        sizes.append(plan.size)
+        return run_round(plan, *a, **kw)
+    monkeypatch.setattr(dec, "run_round", record)
+    dec.reset()
+    hold = HoldPlain(FixedK(3))
+    out = []
+    for new, _ in dec.generate_ids(ids, GenerationOptions(max_new_tokens=24, proposers=("draft",)), policy=hold):
+        out += new
+        if len(out) >= 6:
+            hold.release()
+    assert out == ref
+    n_held = next(i for i, s in enumerate(sizes) if s > 0)
+    assert n_held >= 5 and all(s == 0 for s in sizes[:n_held]) and sizes[n_held] == 3

@@ -198,7 +198,7 @@ class _Log:
                     log.events.append(("decode", p))
                     yield p
 
-        log.messages = messages
+        log.messages, log.kw = messages, kw
         return Gen()
 
     def synthesize(self, text):
@@ -276,6 +276,26 @@ def test_first_chunk_rule_and_stalls(asr, question):
     assert r.sentences == 2 and r.stall_ms >= 300  # 0.1 s of audio, then at least 0.4 s to the next chunk
     with pytest.raises(ValueError):
         VoiceAssistant(asr, slow, slow, first_chunk="word")
+
+
+def test_speculation_waits_for_the_first_chunk(asr, question):
+    """first_chunk_plain (default): the turn's policy holds plain steps until the first chunk is out."""
+    from edgespec.kpolicy import FixedK, HoldPlain
+    from edgespec.voice.pipeline import VoiceAssistant, WavSink
+
+    audio = read_wav(question)
+    fake = _Log(["Paris is the capital.", " It is big."])
+    held = []
+    fake.synthesize = lambda text: held.append(getattr(fake.kw.get("policy"), "held", None)) or np.ones(1600, np.int16)
+    VoiceAssistant(asr, fake, fake, policy=2).turn(audio, WavSink())
+    policy = fake.kw["policy"]
+    assert isinstance(policy, HoldPlain) and isinstance(policy.inner, FixedK) and policy.inner.k == 2
+    assert held[:2] == [False, False] and not policy.held  # released once the first chunk was queued
+    inner = FixedK(3)
+    VoiceAssistant(asr, fake, fake, policy=inner, first_chunk_plain=False).turn(audio, WavSink())
+    assert fake.kw["policy"] is inner
+    VoiceAssistant(asr, fake, fake, policy=inner, mode="plain").turn(audio, WavSink())
+    assert "policy" not in fake.kw and fake.kw["proposers"] == ()
 
 
 # -- the whole turn, through the command line --------------------------------------------------------------
@@ -420,7 +440,7 @@ def test_real_pair_answers_a_spoken_question_losslessly(asr, piper, question):
         d = paths.default_export_dir()
         if not (d / "edgespec.json").is_file():
             export_pair(None, None)
-    va = VoiceAssistant(asr, SpecDecoder.load(d), piper, policy=3, max_new_tokens=48)
+    va = VoiceAssistant(asr, SpecDecoder.load(d), piper, policy=3, max_new_tokens=48, first_chunk_plain=False)
     reports = {}
     for mode in ("spec", "plain"):
         va.reset()

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..errors import EdgespecError
+from ..generation import GenerationOptions
+from ..kpolicy import FixedK, HoldPlain
 from .asr import SAMPLE_RATE
 from .audio import find_speech
 from .tts import speakable, timed_synthesize
@@ -160,18 +162,23 @@ class VoiceAssistant:
 
     def __init__(self, asr, decoder, tts, policy=None, mode: str = "spec", system: str = VOICE_SYSTEM_PROMPT,
                  max_new_tokens: int = 96, temperature: float = 0.0, seed: int | None = None,
-                 history_turns: int = 4, first_sentence_first: bool = True, first_chunk: str = "phrase"):
+                 history_turns: int = 4, first_sentence_first: bool = True, first_chunk: str = "phrase",
+                 first_chunk_plain: bool = True):
         """``mode``: ``spec`` (the draft model proposes) or ``plain`` (the target alone). ``policy``: a K policy
-        (e.g. :class:`~edgespec.adaptive.AdaptiveK` with a latency budget) or a fixed int K. ``history_turns`` earlier question/answer pairs are kept.
+        (e.g. :class:`~edgespec.adaptive.AdaptiveK` with a latency budget) or a fixed int K.
+        ``history_turns`` earlier question/answer pairs are kept.
         ``first_sentence_first``: the decoder waits while the first sentence is synthesized (on a 2-core CPU
         the two would share the cores and delay the first sound); it resumes while that sentence plays.
         ``first_chunk``: where the first spoken chunk may end (:data:`FIRST_CHUNKS`): ``sentence``, ``clause``
         (also a comma) or ``phrase`` (also before a phrase's first word; see :func:`split_sentences`).
+        ``first_chunk_plain``: speculation decodes the first chunk with plain steps and ``policy`` (None: the
+        default K) plans only after it (:class:`~edgespec.kpolicy.HoldPlain`; measured on the real pair,
+        ``docs/benchmarks.md``: drafting in the first chunk made the first sound later, never earlier).
 
         Raises ValueError: an unknown ``first_chunk``."""
         if first_chunk not in FIRST_CHUNKS:
             raise ValueError(f"first_chunk must be one of {', '.join(FIRST_CHUNKS)}, got {first_chunk!r}")
-        self.first_chunk = first_chunk
+        self.first_chunk, self.first_chunk_plain = first_chunk, first_chunk_plain
         self.asr, self.decoder, self.tts, self.policy = asr, decoder, tts, policy
         self.mode, self.system, self.max_new_tokens = mode, system, max_new_tokens
         self.temperature, self.seed, self.history_turns = temperature, seed, history_turns
@@ -191,8 +198,6 @@ class VoiceAssistant:
         """Before the first turn: run every session once (speech recognition, text to speech, target and
         draft at one and several rows) and prefill the system prompt into both KV caches
         (:meth:`SpecDecoder.cache_prefix`), so that a turn pays only for its question. Returns the ms taken."""
-        from ..kpolicy import FixedK
-
         t0 = time.perf_counter()
         rng = np.random.default_rng(0)
         self.asr.transcribe((0.01 * rng.standard_normal(SAMPLE_RATE)).astype(np.float32))
@@ -233,12 +238,13 @@ class VoiceAssistant:
         messages = ([{"role": "system", "content": self.system}] if self.system else []) + self.history
         messages = messages + [{"role": "user", "content": tr.text}]
         kw = dict(max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=self.seed)
+        policy = self.policy if self.policy is not None else GenerationOptions().k
+        policy = FixedK(policy) if isinstance(policy, int) else policy
+        hold = HoldPlain(policy) if self.first_chunk_plain and mode != "plain" else None
         if mode == "plain":
             gen = self.decoder.generate(messages=messages, proposers=(), **kw)
-        elif isinstance(self.policy, int):
-            gen = self.decoder.generate(messages=messages, proposers=("draft",), k=self.policy, **kw)
         else:
-            gen = self.decoder.generate(messages=messages, proposers=("draft",), policy=self.policy, **kw)
+            gen = self.decoder.generate(messages=messages, proposers=("draft",), policy=hold or policy, **kw)
         speaker = _Speaker(self.tts, sink)
         speaker.start()
         t_first_token, t_first_chunk, first_chunk, first_tokens, buf, n_sent = None, None, "", 0, "", 0
@@ -250,6 +256,8 @@ class VoiceAssistant:
                                                  phrase=self.first_chunk == "phrase")
                 if sentences and n_sent == 0:
                     t_first_chunk, first_chunk, first_tokens = time.perf_counter(), sentences[0], gen.stats.new_tokens
+                    if hold is not None:
+                        hold.release()
                 for s in sentences:
                     speaker.q.put(s)
                     n_sent += 1
