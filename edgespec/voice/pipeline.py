@@ -41,6 +41,10 @@ class NoSpeech(EdgespecError):
     """The recording holds no speech (silent, too quiet, or nothing recognized); the LLM is not called."""
 
 
+class Cancelled(Exception):
+    """A turn stopped because its ``cancel`` event was set (an eager turn whose speaker went on talking)."""
+
+
 def _first_cut(buf: str, phrase: bool) -> tuple[int, int] | None:
     """Where the answer's first chunk may end early, as (end of the chunk, start of the rest) in ``buf``: after
     a comma, or (``phrase``) before a complete word of :data:`PHRASE_OPENERS`, whichever comes first once
@@ -219,11 +223,15 @@ class VoiceAssistant:
         if self.prefix:
             self.decoder.cache_prefix(self.prefix)
 
-    def turn(self, audio: np.ndarray, sink, t_eos: float | None = None, mode: str | None = None) -> TurnReport:
+    def turn(self, audio: np.ndarray, sink, t_eos: float | None = None, mode: str | None = None,
+             cancel: threading.Event | None = None) -> TurnReport:
         """Answer one spoken question: 16 kHz mono float32 (S,) → spoken answer written to ``sink``.
+
+        ``cancel`` (set from another thread) stops the turn at its next step; the conversation is not changed.
 
         Raises:
             NoSpeech: silence or nothing recognized (nothing is sent to the LLM, the sink gets nothing).
+            Cancelled: ``cancel`` was set.
         """
         t_eos = time.perf_counter() if t_eos is None else t_eos
         mode = mode or self.mode
@@ -235,6 +243,8 @@ class VoiceAssistant:
         t_transcript = time.perf_counter()
         if not tr.text.strip():
             raise NoSpeech("no words recognized in the recording; nothing was sent to the model")
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("the turn was cancelled")
         messages = ([{"role": "system", "content": self.system}] if self.system else []) + self.history
         messages = messages + [{"role": "user", "content": tr.text}]
         kw = dict(max_new_tokens=self.max_new_tokens, temperature=self.temperature, seed=self.seed)
@@ -250,6 +260,8 @@ class VoiceAssistant:
         t_first_token, t_first_chunk, first_chunk, first_tokens, buf, n_sent = None, None, "", 0, "", 0
         try:
             for piece in gen:
+                if cancel is not None and cancel.is_set():
+                    break
                 if t_first_token is None:
                     t_first_token = time.perf_counter()
                 sentences, buf = split_sentences(buf + piece, first=n_sent == 0 and self.first_chunk != "sentence",
@@ -263,7 +275,7 @@ class VoiceAssistant:
                     n_sent += 1
                 if sentences and n_sent == len(sentences) and self.first_sentence_first:
                     speaker.first_done.wait()
-            sentences, _ = split_sentences(buf, final=True)
+            sentences, _ = split_sentences(buf, final=True) if not (cancel and cancel.is_set()) else ([], "")
             if sentences and n_sent == 0:
                 t_first_chunk, first_chunk, first_tokens = time.perf_counter(), sentences[0], gen.stats.new_tokens
             for s in sentences:
@@ -274,6 +286,8 @@ class VoiceAssistant:
             speaker.join()
         if speaker.error is not None:
             raise EdgespecError(f"text to speech failed: {speaker.error}")
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("the turn was cancelled")
         self.history = (self.history + [{"role": "user", "content": tr.text},
                                         {"role": "assistant", "content": gen.text}])[-2 * self.history_turns:]
         st = gen.stats
