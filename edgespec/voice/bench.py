@@ -29,22 +29,22 @@ def _median(xs):
     return float(np.median(xs)) if xs else None
 
 
-def live_turn(va, audio: np.ndarray, mode: str, eager: bool):
+def live_turn(va, audio: np.ndarray, mode: str, eager: bool, pause_s: float = 0.2):
     """One turn on ``audio`` (float32 (S,), 16 kHz) replayed in real time, then silence, through the
-    microphone's endpointer; with ``eager`` the turn starts at the first pause. Returns the TurnReport."""
+    microphone's endpointer; with ``eager`` the turn starts after ``pause_s`` of quiet. Returns the TurnReport."""
     from .audio import Endpointer
-    from .live import EAGER_S, EagerTurn, follow_speech, paced_blocks
+    from .live import EagerTurn, follow_speech, paced_blocks
     from .pipeline import WavSink
 
     x = np.concatenate([audio, np.zeros(int(TRAILING_SILENCE_S * 16000), np.float32)])
     et = EagerTurn(va, mode=mode)
     hooks = (et.start, et.cancel) if eager else (None, None)
-    audio, t_eos = follow_speech(paced_blocks(x), Endpointer(16000), *hooks, pause_s=EAGER_S)
+    audio, t_eos = follow_speech(paced_blocks(x), Endpointer(16000), *hooks, pause_s=pause_s)
     return et.finish(audio, t_eos, WavSink())
 
 
 def run_voice_bench(va, wavs: list[Path], a, format_turn) -> int:
-    """Run the benchmark (arguments ``a``: json, out, live) on ``va`` after its warm-up; prints and writes it."""
+    """Run the benchmark (arguments ``a``: json, out, live, eager_ms) on ``va`` after its warm-up; prints and writes it."""
     from .audio import read_wav
     from .pipeline import NoSpeech, WavSink
 
@@ -63,7 +63,7 @@ def run_voice_bench(va, wavs: list[Path], a, format_turn) -> int:
                 va.reset()
                 try:
                     r = va.turn(audio, WavSink(), mode=mode) if kind == "wav" else \
-                        live_turn(va, audio, mode, eager=kind == "live")
+                        live_turn(va, audio, mode, eager=kind == "live", pause_s=a.eager_ms / 1e3)
                 except NoSpeech as e:
                     print(f"edgespec: {name}: {e}; skipped", file=sys.stderr)
                     continue
@@ -75,7 +75,7 @@ def run_voice_bench(va, wavs: list[Path], a, format_turn) -> int:
     summary = {m: {k: _median([t[k] for t in turns if t["key"] == m]) for k in KEYS} for m in keys}
     on, off = summary["spec"]["eos_to_first_audio_ms"], summary["plain"]["eos_to_first_audio_ms"]
     result = {"command": "edgespec " + " ".join(sys.argv[1:]), "questions": len(questions),
-              "first_chunk": va.first_chunk, "tts_engine": va.tts.name, "summary": summary, "turns": turns,
+              "first_chunk": va.first_chunk, "eager_ms": a.eager_ms if a.live else None, "tts_engine": va.tts.name, "summary": summary, "turns": turns,
               "first_audio_spec_over_plain": (on / off) if on and off else None}
     if a.out:
         out = Path(a.out)

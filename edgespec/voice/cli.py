@@ -59,6 +59,9 @@ def add_voice_parser(sub) -> None:
     p.add_argument("--turns", type=_number(int, "an integer ≥ 1", lambda v: v >= 1), default=None,
                    help="microphone: stop after this many answered questions (default: until Ctrl-C)")
     p.add_argument("--out", help="--bench: also write the JSON result to this file")
+    p.add_argument("--eager-ms", type=_number(float, "milliseconds ≥ 30", lambda v: v >= 30), default=200.0,
+                   help="microphone: start answering after this much quiet, before the end of speech is confirmed "
+                        "(0.6 s); nothing is played until then (default %(default)g)")
     p.add_argument("--live", action="store_true",
                    help="--bench: also replay each question in real time through the endpointer, as from a "
                         "microphone, with eager turns and without (end of speech → first audio then includes "
@@ -203,7 +206,7 @@ def format_turn(r) -> str:
 
 def _loop(va, a) -> int:
     from .devices import SpeakerSink, listen
-    from .live import EAGER_S, EagerTurn
+    from .live import EagerTurn
     from .pipeline import NoSpeech
 
     print("edgespec voice: listening (speak a question; Ctrl-C to quit)", file=sys.stderr)
@@ -211,7 +214,7 @@ def _loop(va, a) -> int:
     eager = EagerTurn(va)  # answers during the endpointer's wait for silence, speaks after it
     while a.turns is None or answered < a.turns:
         try:
-            audio, t_eos = listen(on_pause=eager.start, on_resume=eager.cancel, pause_s=EAGER_S)
+            audio, t_eos = listen(on_pause=eager.start, on_resume=eager.cancel, pause_s=a.eager_ms / 1e3)
         except NoSpeech:
             eager.cancel()
             continue

@@ -26,8 +26,9 @@ EAGER_S = 0.2  # quiet after speech before an eager turn starts (s); the endpoin
 def follow_speech(blocks, ep, on_pause=None, on_resume=None, pause_s: float = EAGER_S) -> tuple[np.ndarray, float]:
     """Push float32 blocks (an iterator, 16 kHz, arriving in real time) into the endpointer ``ep`` until it is
     done; returns ``(audio float32 (S,), t_eos)``, ``t_eos`` the perf_counter time (s) the last loud frame
-    ended. ``on_pause(audio so far, its t_eos)`` after ``pause_s`` of quiet following speech, ``on_resume()``
-    when speech comes again after such a pause. An iterator that ends first ends the recording there."""
+    ended. ``on_pause(audio so far, its t_eos)`` after ``pause_s`` of quiet following speech (again at each
+    block of the pause while it returns False), ``on_resume()`` when speech comes again after a pause it
+    accepted. An iterator that ends first ends the recording there."""
     got, paused = [], False
     for x in blocks:
         got.append(x)
@@ -37,9 +38,9 @@ def follow_speech(blocks, ep, on_pause=None, on_resume=None, pause_s: float = EA
             if on_resume is not None:
                 on_resume()
         if not paused and ep.started and not ep.done and ep.quiet * FRAME_S >= pause_s:
-            paused = True
-            if on_pause is not None:
-                on_pause(np.concatenate(got), time.perf_counter() - ep.quiet * FRAME_S)
+            # on_pause may refuse (returns False: busy); it is asked again at the next block of this pause
+            paused = on_pause is None or on_pause(np.concatenate(got), time.perf_counter() - ep.quiet * FRAME_S) \
+                is not False
         if ep.done:
             break
     audio = np.concatenate(got) if got else np.zeros(0, np.float32)
