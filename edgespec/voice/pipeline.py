@@ -126,9 +126,9 @@ class TurnReport:
 class _Speaker(threading.Thread):
     """TTS worker: synthesizes queued sentences in order and hands the samples to ``sink.write``."""
 
-    def __init__(self, tts, sink):
+    def __init__(self, tts, sink, cancel: threading.Event | None = None):
         super().__init__(daemon=True)
-        self.tts, self.sink = tts, sink
+        self.tts, self.sink, self.cancel = tts, sink, cancel  # cancel set: skip what is still queued
         self.q: queue.Queue = queue.Queue()
         self.first_audio: float | None = None
         self.first_done = threading.Event()  # the first sentence is synthesized (or came out empty, or failed)
@@ -139,7 +139,7 @@ class _Speaker(threading.Thread):
 
     def run(self):
         while (text := self.q.get()) is not None:
-            if self.error is not None:
+            if self.error is not None or (self.cancel is not None and self.cancel.is_set()):
                 continue
             try:
                 s, ms = timed_synthesize(self.tts, speakable(text))
@@ -255,7 +255,7 @@ class VoiceAssistant:
             gen = self.decoder.generate(messages=messages, proposers=(), **kw)
         else:
             gen = self.decoder.generate(messages=messages, proposers=("draft",), policy=hold or policy, **kw)
-        speaker = _Speaker(self.tts, sink)
+        speaker = _Speaker(self.tts, sink, cancel)
         speaker.start()
         t_first_token, t_first_chunk, first_chunk, first_tokens, buf, n_sent = None, None, "", 0, "", 0
         try:
