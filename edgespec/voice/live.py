@@ -2,8 +2,8 @@
 
 The endpointer decides that the speaker has finished only after ``hangover_s`` (0.6 s) of quiet, and that
 wait is part of the delay the speaker feels. An :class:`EagerTurn` starts the whole turn (speech recognition,
-prefill, the first chunk and its synthesis) as soon as a shorter pause (``eager_s``) is heard, on a worker
-thread, into a :class:`GatedSink` that holds the audio. When the endpointer confirms the end of speech the
+prefill, the first chunk and its synthesis) as soon as a shorter pause (``--eager-ms``, 0.2 s) is heard, on a
+worker thread, into a :class:`GatedSink` that holds the audio. When the endpointer confirms the end of speech the
 gate opens and the held audio plays at once; when the speaker goes on talking the turn is cancelled (its
 audio is dropped, the conversation is unchanged) and a later pause starts it again. Nothing reaches the
 speaker before the end of speech is confirmed, so an eager turn only moves work earlier.
