@@ -325,11 +325,12 @@ def test_microphone_and_speaker_through_alsa_file_plugin(tiny_export, home, asr_
     (tmp_path / ".asoundrc").write_text(
         f'pcm.!default {{\n type file\n slave.pcm "null"\n file "{spk}"\n infile "{mic}"\n format "raw"\n}}\n')
     r = run(["voice", str(tiny_export), "--turns", "1", "--json", "--k", "2", "--max-new-tokens", "16",
-             "--tts", "espeak", "--asr-dir", str(asr_dir)], home, {"HOME": str(tmp_path)})
+             "--tts", "espeak", "--asr-dir", str(asr_dir), "--eager-ms", "200"], home, {"HOME": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     assert words(rep["transcript"]) == words(SENTENCES[0])
-    # counted from the end of speech; the turn started eagerly after 0.2 s of quiet, before the endpointer's 0.6 s
+    # counted from the end of speech; the turn started eagerly after 0.2 s of quiet (no pause that long inside
+    # this question), before the endpointer's 0.6 s
     assert rep["extra"]["eager"] and rep["extra"]["eager_restarts"] == 0 and rep["endpoint_ms"] >= 200
     assert rep["audio_out_ms"] > 0  # the speaker's output latency is part of the delay
     assert spk.is_file() and spk.stat().st_size // 2 >= rep["answer_audio_s"] * 22050 * 0.99 > 0
@@ -344,7 +345,7 @@ def test_bench_answers_each_question_with_speculation_on_and_off_and_reports_the
     shutil.copy(question, qs / "q1.wav")
     out = tmp_path / "bench.json"
     r = run(["voice", str(tiny_export), "--bench", str(qs), "--out", str(out), "--k", "2", "--max-new-tokens", "12",
-             "--tts", "espeak", "--asr-dir", str(asr_dir), "--live"], home)
+             "--tts", "espeak", "--asr-dir", str(asr_dir), "--live", "--eager-ms", "200"], home)
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())
     turns = {t["key"]: t for t in res["turns"]}

@@ -59,7 +59,7 @@ def add_voice_parser(sub) -> None:
     p.add_argument("--turns", type=_number(int, "an integer ≥ 1", lambda v: v >= 1), default=None,
                    help="microphone: stop after this many answered questions (default: until Ctrl-C)")
     p.add_argument("--out", help="--bench: also write the JSON result to this file")
-    p.add_argument("--eager-ms", type=_number(float, "milliseconds ≥ 30", lambda v: v >= 30), default=200.0,
+    p.add_argument("--eager-ms", type=_number(float, "milliseconds ≥ 30", lambda v: v >= 30), default=100.0,
                    help="microphone: start answering after this much quiet, before the end of speech is confirmed "
                         "(0.6 s); nothing is played until then (default %(default)g)")
     p.add_argument("--live", action="store_true",

@@ -2,7 +2,7 @@
 
 The endpointer decides that the speaker has finished only after ``hangover_s`` (0.6 s) of quiet, and that
 wait is part of the delay the speaker feels. An :class:`EagerTurn` starts the whole turn (speech recognition,
-prefill, the first chunk and its synthesis) as soon as a shorter pause (``--eager-ms``, 0.2 s) is heard, on a
+prefill, the first chunk and its synthesis) as soon as a shorter pause (``--eager-ms``, 0.1 s) is heard, on a
 worker thread, into a :class:`GatedSink` that holds the audio. When the endpointer confirms the end of speech the
 gate opens and the held audio plays at once; when the speaker goes on talking the turn is cancelled (its
 audio is dropped, the conversation is unchanged) and a later pause starts it again. Nothing reaches the
@@ -20,7 +20,7 @@ import numpy as np
 from .audio import FRAME_S
 from .pipeline import TurnReport
 
-EAGER_S = 0.2  # quiet after speech before an eager turn starts (s); the endpointer confirms at 0.6 s
+EAGER_S = 0.1  # quiet after speech before an eager turn starts (s); the endpointer confirms at 0.6 s
 
 
 def follow_speech(blocks, ep, on_pause=None, on_resume=None, pause_s: float = EAGER_S) -> tuple[np.ndarray, float]:
