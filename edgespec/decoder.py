@@ -173,6 +173,30 @@ class SpecDecoder:
         if self.dcache is not None:
             self.dcache.crop(min(self.dcache.length, n - 1))
 
+    def cache_prefix(self, ids: list[int]) -> None:
+        """Prefill a prefix that later prompts share (a fixed system prompt) into both caches ahead of time,
+        so that the next generation whose prompt starts with ``ids`` pays only for the rest, and the draft has
+        no prompt of its own to catch up on but the rest. What is cached of ``ids`` already is kept.
+
+        Afterwards ``tokens`` = ``ids`` (int64 ids, each < the tokenizer's width) and both caches hold
+        positions 0..len(ids)-2: ``ids[-1]`` is ``last``, as after a round.
+
+        Raises:
+            ValueError: ``ids`` empty, not token ids, or not shorter than the context.
+        """
+        ids = self.check_ids(ids)
+        if not ids or len(ids) >= self.context_length:
+            raise ValueError(f"a cached prefix needs 1..{self.context_length - 1} tokens, got {len(ids)}")
+        keep = min(_common_prefix(self.tokens, ids), len(ids) - 1)
+        self.tokens = list(ids)
+        for lm, cache in ((self.target, self.tcache), (self.draft, self.dcache)):
+            if lm is None:
+                continue
+            cache.crop(min(cache.length, keep))
+            pending = ids[cache.length:-1]
+            for i in range(0, len(pending), PREFILL_CHUNK):
+                lm.forward(pending[i:i + PREFILL_CHUNK], cache, keep=1)
+
     # -- the steps -------------------------------------------------------------------------------------
 
     def prefill(self, ids: list[int], sp: SamplingParams, rng: np.random.Generator) -> int:
