@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The voice benchmark of docs/benchmarks.md: spoken one-sentence questions (made with Piper), then
-# `edgespec voice --bench` on the default pair, speculation on and off in one run.
+# `edgespec voice --bench --live` on the default pair, speculation on and off in one run, each question answered
+# from the WAV file and replayed in real time through the endpointer (eager turns and not).
 # Needs the voice extra and the default pair exported. Writes bench/results/voice.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,4 +21,4 @@ What is a prime number?
 Name a good way to learn to program.
 What does the acronym CPU stand for?
 QUESTIONS
-edgespec voice --bench "$q" --out bench/results/voice.json "$@"
+edgespec voice --bench "$q" --live --out bench/results/voice.json "$@"

@@ -158,3 +158,33 @@ class KSchedule(KPolicy):
         self.i += 1
         o = next(iter(situation.offers), None)
         return RoundPlan(o.proposer, k=k, n_nodes=k) if o is not None else RoundPlan()
+
+
+class HoldPlain(KPolicy):
+    """Plain steps while held, then ``inner`` decides (a voice turn holds it until its first spoken chunk is
+    decoded: on short chunks a proposal's cost and its bursty commits delay the first sound more than drafting
+    saves). Every round is still observed by ``inner``; the output is unchanged (lossless: only which rounds
+    propose changes)."""
+
+    def __init__(self, inner: KPolicy):
+        self.inner, self.held = inner, True
+        self.latency_budget_ms = inner.latency_budget_ms
+
+    def release(self) -> None:
+        """From the next round on, ``inner`` plans."""
+        self.held = False
+
+    def choose(self, situation: Situation) -> RoundPlan:
+        return RoundPlan() if self.held else self.inner.choose(situation)
+
+    def observe(self, result: RoundResult) -> None:
+        self.inner.observe(result)
+
+    def begin(self) -> None:
+        self.inner.begin()
+
+    def end(self, new_tokens: int) -> None:
+        self.inner.end(new_tokens)
+
+    def observe_confidence(self, top1: float) -> None:
+        self.inner.observe_confidence(top1)

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from edgespec.decoder import SpecDecoder
+from edgespec.generation import GenerationOptions
 from edgespec.kpolicy import KPolicy, KSchedule, RoundPlan
 from edgespec.text import IncrementalDetokenizer
 
@@ -212,3 +213,55 @@ def test_catch_up_rounds_advance_the_draft_and_keep_greedy_output(dec):
     assert g.token_ids == plain.token_ids
     assert pol.catchups and max(pol.catchups) > 2 and g.stats.draft_ms > 0
     assert set(g.stats.k_per_round) <= {0, 1, 2, 3} and 3 in g.stats.k_per_round  # catch-up rounds record K = 0
+
+
+def test_cached_prefix_is_reused_by_both_models_and_changes_nothing(dec, monkeypatch):
+    """cache_prefix (a voice system prompt prefilled at start-up): the next prompt that starts with it feeds
+    neither model the prefix again, and the output equals a fresh run's."""
+    full = dec.encode(messages=[{"role": "system", "content": "Answer briefly."},
+                                {"role": "user", "content": "def add"}])
+    prefix = full[:12]
+    dec.reset()
+    ref = dec.generate(input_ids=full, max_new_tokens=16, k=3).run().token_ids
+    dec.reset()
+    dec.cache_prefix(prefix)
+    assert dec.tokens == prefix and dec.tcache.length == dec.dcache.length == len(prefix) - 1
+    starts = {"target": [], "draft": []}
+    for role, lm in (("target", dec.target), ("draft", dec.draft)):
+        def forward(ids, cache, *a, _f=lm.forward, _role=role, **kw):
+            starts[_role].append(cache.length)
+            return _f(ids, cache, *a, **kw)
+        monkeypatch.setattr(lm, "forward", forward)
+    assert dec.generate(input_ids=full, max_new_tokens=16, k=3).run().token_ids == ref
+    assert min(starts["target"]) == len(prefix) - 1 and min(starts["draft"]) == len(prefix) - 1
+    monkeypatch.undo()
+    dec.cache_prefix(prefix)  # back to the prefix after a generation: crops both caches
+    assert dec.tokens == prefix and dec.tcache.length == dec.dcache.length == len(prefix) - 1
+    dec.cache_prefix(prefix[:5] + [prefix[5] + 1])  # a different prefix keeps only the common part
+    assert dec.tokens == prefix[:5] + [prefix[5] + 1] and dec.tcache.length == dec.dcache.length == 5
+    with pytest.raises(ValueError):
+        dec.cache_prefix([])
+
+
+def test_hold_plain_proposes_nothing_until_released_and_changes_nothing(dec, monkeypatch):
+    from edgespec.kpolicy import FixedK, HoldPlain
+
+    ids = _ids(dec, "def add(a, b):")
+    ref = _plain(dec, ids, 24).token_ids
+    sizes = []
+    run_round = dec.run_round
+
+    def record(plan, *a, **kw):
+        sizes.append(plan.size)
+        return run_round(plan, *a, **kw)
+    monkeypatch.setattr(dec, "run_round", record)
+    dec.reset()
+    hold = HoldPlain(FixedK(3))
+    out = []
+    for new, _ in dec.generate_ids(ids, GenerationOptions(max_new_tokens=24, proposers=("draft",)), policy=hold):
+        out += new
+        if len(out) >= 6:
+            hold.release()
+    assert out == ref
+    n_held = next(i for i, s in enumerate(sizes) if s > 0)
+    assert n_held >= 5 and all(s == 0 for s in sizes[:n_held]) and sizes[n_held] == 3

@@ -11,13 +11,14 @@ import os
 import re
 import subprocess
 import sys
+import time
 import wave
 
 import numpy as np
 import pytest
 
 from conftest import user_home
-from edgespec.voice.audio import Endpointer, find_speech, read_wav, resample, to_int16, write_wav
+from edgespec.voice.audio import Endpointer, find_speech, read_wav, resample, write_wav
 from edgespec.voice.pipeline import split_sentences
 
 BECKETT = "Ever tried ever failed, no matter try again fail again fail better."
@@ -145,6 +146,15 @@ def test_split_sentences_streams_complete_sentences_only():
     assert split_sentences("To reverse a list, use it", first=True) == (["To reverse a list,"], "use it")
     assert split_sentences("To reverse a list, use it") == ([], "To reverse a list, use it")
     assert split_sentences("Yes, it is", first=True) == ([], "Yes, it is")  # too short a clause
+    # phrase: the first chunk may also end before a phrase's first word, once that word is complete
+    assert split_sentences("The sky is blue because of", first=True, phrase=True) == (["The sky is blue"],
+                                                                                     "because of")
+    assert split_sentences("The sky is blue because", first=True, phrase=True) == ([], "The sky is blue because")
+    assert split_sentences("The sky is blue because of", first=True) == ([], "The sky is blue because of")
+    assert split_sentences("To reverse a list in Python, you", first=True, phrase=True) == (
+        ["To reverse a list"], "in Python, you")  # whichever comes first: the phrase or the comma
+    assert split_sentences("It is in a box", first=True, phrase=True) == ([], "It is in a box")  # 2 words
+    assert split_sentences("The sky is blue because of", phrase=True) == ([], "The sky is blue because of")
 
 
 def test_find_speech_and_endpointer():
@@ -168,8 +178,9 @@ class _Log:
     """A test double pair: a decoder that streams fixed pieces and a TTS that records what it speaks, both
     writing to one event log, to check the order of decoding and speaking."""
 
-    def __init__(self, pieces):
+    def __init__(self, pieces, pause=None):
         self.pieces, self.events, self.rate, self.name = pieces, [], 16000, "log"
+        self.pause = pause  # (piece index, seconds): the decoder sleeps before yielding that piece
         self.tokenizer = None
 
     def generate(self, messages, **kw):
@@ -181,11 +192,13 @@ class _Log:
             stats, text = GenerationStats(new_tokens=len(pieces)), "".join(pieces)
 
             def __iter__(self):
-                for p in pieces:
+                for i, p in enumerate(pieces):
+                    if log.pause and i == log.pause[0]:
+                        time.sleep(log.pause[1])
                     log.events.append(("decode", p))
                     yield p
 
-        log.messages = messages
+        log.messages, log.kw = messages, kw
         return Gen()
 
     def synthesize(self, text):
@@ -209,6 +222,82 @@ def test_first_sentence_is_spoken_before_decoding_goes_on(asr, question):
     assert [m["role"] for m in fake.messages] == ["system", "user", "assistant", "user"]
 
 
+def test_warm_up_caches_the_system_prompt_and_every_turn_starts_from_it(tiny_export, asr, question, monkeypatch):
+    """warm_up prefills the system prompt into both KV caches; a turn then feeds neither model the system
+    prompt again, answers as a cold turn does (greedy), reports its stages in order; reset() goes back to it."""
+    from edgespec.decoder import SpecDecoder
+    from edgespec.voice.pipeline import VOICE_SYSTEM_PROMPT, VoiceAssistant, WavSink
+    from edgespec.voice.tts import EspeakTTS
+
+    dec = SpecDecoder.load(tiny_export)
+    va = VoiceAssistant(asr, dec, EspeakTTS(), policy=2, max_new_tokens=12)
+    audio = read_wav(question)
+    cold = va.turn(audio, WavSink())
+    va.reset()
+    dec.reset()
+    va.warm_up()
+    n = len(va.prefix)
+    q = dec.encode(messages=[{"role": "system", "content": VOICE_SYSTEM_PROMPT}, {"role": "user", "content": "x"}])
+    assert 0 < n < len(q) and q[:n] == va.prefix == dec.tokens
+    assert dec.tcache.length == dec.dcache.length == n - 1
+    starts = []
+    for lm in (dec.target, dec.draft):
+        def forward(ids, cache, *a, _f=lm.forward, **kw):
+            starts.append(cache.length)
+            return _f(ids, cache, *a, **kw)
+        monkeypatch.setattr(lm, "forward", forward)
+    r = va.turn(audio, WavSink())
+    assert min(starts) == n - 1
+    assert r.answer == cold.answer and r.first_chunk and r.first_chunk_tokens >= 1
+    assert r.endpoint_ms >= 0 and r.asr_ms > 0 and r.prefill_ms > 0 and r.first_chunk_tts_ms > 0
+    assert r.endpoint_ms + r.asr_ms <= r.eos_to_transcript_ms <= r.eos_to_first_token_ms - r.prefill_ms
+    assert r.eos_to_first_token_ms + r.first_chunk_decode_ms + r.first_chunk_tts_ms <= r.eos_to_first_audio_ms
+    assert r.audio_out_ms == 0.0
+    va.reset()
+    assert dec.tokens == va.prefix and dec.tcache.length == dec.dcache.length == n - 1
+
+
+def test_first_chunk_rule_and_stalls(asr, question):
+    """first_chunk picks where the first spoken chunk ends; stall_ms counts the silence when a later chunk is
+    not ready by the time the one before it has played out (a 0.1 s chunk, then the decoder sleeps 0.4 s)."""
+    from edgespec.voice.pipeline import VoiceAssistant, WavSink
+
+    pieces = ["The sky is blue", " because", " of light", " in the air."]
+    audio = read_wav(question)
+    for rule, first in (("sentence", "The sky is blue because of light in the air."),
+                        ("clause", "The sky is blue because of light in the air."), ("phrase", "The sky is blue")):
+        fake = _Log(pieces)
+        r = VoiceAssistant(asr, fake, fake, policy=2, first_chunk=rule).turn(audio, WavSink())
+        assert r.first_chunk == first and fake.events[-1][0] == "speak"
+        assert r.stall_ms == 0.0 if rule != "phrase" else r.stall_ms >= 0.0
+
+    slow = _Log(["Paris is the capital.", " It is", " big."], pause=(2, 0.4))
+    r = VoiceAssistant(asr, slow, slow, policy=2).turn(audio, WavSink())
+    assert r.sentences == 2 and r.stall_ms >= 300  # 0.1 s of audio, then at least 0.4 s to the next chunk
+    with pytest.raises(ValueError):
+        VoiceAssistant(asr, slow, slow, first_chunk="word")
+
+
+def test_speculation_waits_for_the_first_chunk(asr, question):
+    """first_chunk_plain (default): the turn's policy holds plain steps until the first chunk is out."""
+    from edgespec.kpolicy import FixedK, HoldPlain
+    from edgespec.voice.pipeline import VoiceAssistant, WavSink
+
+    audio = read_wav(question)
+    fake = _Log(["Paris is the capital.", " It is big."])
+    held = []
+    fake.synthesize = lambda text: held.append(getattr(fake.kw.get("policy"), "held", None)) or np.ones(1600, np.int16)
+    VoiceAssistant(asr, fake, fake, policy=2).turn(audio, WavSink())
+    policy = fake.kw["policy"]
+    assert isinstance(policy, HoldPlain) and isinstance(policy.inner, FixedK) and policy.inner.k == 2
+    assert held[:2] == [False, False] and not policy.held  # released once the first chunk was queued
+    inner = FixedK(3)
+    VoiceAssistant(asr, fake, fake, policy=inner, first_chunk_plain=False).turn(audio, WavSink())
+    assert fake.kw["policy"] is inner
+    VoiceAssistant(asr, fake, fake, policy=inner, mode="plain").turn(audio, WavSink())
+    assert "policy" not in fake.kw and fake.kw["proposers"] == ()
+
+
 # -- the whole turn, through the command line --------------------------------------------------------------
 
 def test_wav_question_to_spoken_answer(tiny_export, home, asr_dir, question, tmp_path):
@@ -224,23 +313,6 @@ def test_wav_question_to_spoken_answer(tiny_export, home, asr_dir, question, tmp
     with wave.open(str(out)) as w:
         assert w.getframerate() == 22050 and w.getnchannels() == 1 and w.getnframes() > 2205
         assert rep["answer_audio_s"] == pytest.approx(w.getnframes() / 22050)
-
-
-def test_microphone_and_speaker_through_alsa_file_plugin(tiny_export, home, asr_dir, question, tmp_path):
-    """An .asoundrc whose default PCM reads a raw 16 kHz int16 file as the microphone and writes the speaker
-    to a raw file: the same transcript as the WAV path, and the answer is played."""
-    pytest.importorskip("sounddevice", exc_type=OSError)  # needs libportaudio2 (.ci/run installs it)
-    x = read_wav(question)
-    mic, spk = tmp_path / "mic.raw", tmp_path / "speaker.raw"
-    to_int16(np.concatenate([x, np.zeros(32000, np.float32)])).tofile(mic)
-    (tmp_path / ".asoundrc").write_text(
-        f'pcm.!default {{\n type file\n slave.pcm "null"\n file "{spk}"\n infile "{mic}"\n format "raw"\n}}\n')
-    r = run(["voice", str(tiny_export), "--turns", "1", "--json", "--k", "2", "--max-new-tokens", "16",
-             "--tts", "espeak", "--asr-dir", str(asr_dir)], home, {"HOME": str(tmp_path)})
-    assert r.returncode == 0, r.stderr
-    rep = json.loads(r.stdout)
-    assert words(rep["transcript"]) == words(SENTENCES[0])
-    assert spk.is_file() and spk.stat().st_size // 2 >= rep["answer_audio_s"] * 22050 * 0.99 > 0
 
 
 # -- bad input: one line, no traceback, no LLM call --------------------------------------------------------
@@ -327,7 +399,7 @@ def test_real_pair_answers_a_spoken_question_losslessly(asr, piper, question):
         d = paths.default_export_dir()
         if not (d / "edgespec.json").is_file():
             export_pair(None, None)
-    va = VoiceAssistant(asr, SpecDecoder.load(d), piper, policy=3, max_new_tokens=48)
+    va = VoiceAssistant(asr, SpecDecoder.load(d), piper, policy=3, max_new_tokens=48, first_chunk_plain=False)
     reports = {}
     for mode in ("spec", "plain"):
         va.reset()

@@ -10,7 +10,6 @@ import argparse
 import json
 import math
 import sys
-import time
 from pathlib import Path
 
 MODES = ("spec", "plain")
@@ -47,6 +46,9 @@ def add_voice_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=_number(int, "an integer ≥ 1", lambda v: v >= 1), default=96)
     p.add_argument("--temperature", type=_number(float, "a number ≥ 0", lambda v: v >= 0), default=0.0)
     p.add_argument("--seed", type=_number(int, "an integer", lambda v: True), default=None)
+    p.add_argument("--first-chunk", choices=("sentence", "clause", "phrase"), default="phrase",
+                   help="where the first spoken chunk may end: a sentence, also a comma (clause), or also before "
+                        "a phrase's first word such as 'because' or 'in' (phrase, default)")
     p.add_argument("--system", default=None, help="system prompt (default: answer in one or two short sentences)")
     p.add_argument("--tts", choices=("auto", "piper", "espeak"), default="auto",
                    help="text-to-speech engine (auto: Piper, else espeak-ng)")
@@ -57,6 +59,13 @@ def add_voice_parser(sub) -> None:
     p.add_argument("--turns", type=_number(int, "an integer ≥ 1", lambda v: v >= 1), default=None,
                    help="microphone: stop after this many answered questions (default: until Ctrl-C)")
     p.add_argument("--out", help="--bench: also write the JSON result to this file")
+    p.add_argument("--eager-ms", type=_number(float, "milliseconds ≥ 30", lambda v: v >= 30), default=100.0,
+                   help="microphone: start answering after this much quiet, before the end of speech is confirmed "
+                        "(0.6 s); nothing is played until then (default %(default)g)")
+    p.add_argument("--live", action="store_true",
+                   help="--bench: also replay each question in real time through the endpointer, as from a "
+                        "microphone, with eager turns and without (end of speech → first audio then includes "
+                        "the endpointer's wait)")
 
 
 def load_asr(asr_dir: str | None, threads: int | None = None):
@@ -147,9 +156,12 @@ def run_voice(a, export_dir) -> int:
                            shared_thread_pool=True)
     va = VoiceAssistant(asr, dec, tts, _policy(a, dec), a.mode,
                         VOICE_SYSTEM_PROMPT if a.system is None else a.system, a.max_new_tokens, a.temperature,
-                        a.seed)
+                        a.seed, first_chunk=a.first_chunk)
+    va.warm_up()  # every session run once, the system prompt in both KV caches: the first turn pays neither
     if wavs is not None:
-        return _bench(va, wavs, a)
+        from .bench import run_voice_bench
+
+        return run_voice_bench(va, wavs, a, format_turn)
     if question is not None:
         sink = WavSink()
         report = va.turn(question, sink)
@@ -186,23 +198,29 @@ def format_turn(r) -> str:
     tts = "—" if r.tts_rtf is None else f"{r.tts_rtf:.3f}"
     return (f"[end of speech → transcript {f(r.eos_to_transcript_ms)}, → first token {f(r.eos_to_first_token_ms)}, "
             f"→ first audio {f(r.eos_to_first_audio_ms)}; ASR RTF {r.asr_rtf:.3f}, TTS RTF {tts} ({r.tts_engine}); "
-            f"{r.new_tokens} tokens, {r.decode_tok_s:.1f} tok/s{alpha}; {r.mode}]")
+            f"{r.new_tokens} tokens, {r.decode_tok_s:.1f} tok/s{alpha}; {r.mode}; stages: detection "
+            f"{f(r.endpoint_ms)}, ASR {f(r.asr_ms)}, prefill {f(r.prefill_ms)}, first chunk "
+            f"{r.first_chunk_tokens} tokens {f(r.first_chunk_decode_ms)}, its TTS {f(r.first_chunk_tts_ms)}, "
+            f"out {f(r.audio_out_ms)}]")
 
 
 def _loop(va, a) -> int:
     from .devices import SpeakerSink, listen
+    from .live import EagerTurn
     from .pipeline import NoSpeech
 
     print("edgespec voice: listening (speak a question; Ctrl-C to quit)", file=sys.stderr)
     answered = 0
+    eager = EagerTurn(va)  # answers during the endpointer's wait for silence, speaks after it
     while a.turns is None or answered < a.turns:
         try:
-            audio, t_eos = listen()
+            audio, t_eos = listen(on_pause=eager.start, on_resume=eager.cancel, pause_s=a.eager_ms / 1e3)
         except NoSpeech:
+            eager.cancel()
             continue
         sink = SpeakerSink(va.tts.rate)
         try:
-            report = va.turn(audio, sink, t_eos=t_eos)
+            report = eager.finish(audio, t_eos, sink)
         except NoSpeech as e:
             print(f"edgespec: {e}", file=sys.stderr)
             continue
@@ -211,70 +229,3 @@ def _loop(va, a) -> int:
         _print_turn(report, a.json)
         answered += 1
     return 0
-
-
-def _median(xs):
-    import numpy as np
-
-    xs = [x for x in xs if x is not None]
-    return float(np.median(xs)) if xs else None
-
-
-def _bench(va, wavs, a) -> int:
-    """Every question with speculation on and off (order alternating per question), after a warm-up turn each;
-    the conversation is reset before each turn so both modes answer the same prompt."""
-    from .audio import read_wav
-    from .pipeline import NoSpeech, WavSink
-
-    questions = [(p.name, read_wav(p)) for p in wavs]
-    for mode in MODES:  # warm-up, not counted: first runs of every session
-        va.reset()
-        try:
-            va.turn(questions[0][1], WavSink(), mode=mode)
-        except NoSpeech:
-            pass
-    turns = []
-    for i, (name, audio) in enumerate(questions):
-        for mode in (MODES if i % 2 == 0 else MODES[::-1]):
-            va.reset()
-            t0 = time.perf_counter()
-            try:
-                r = va.turn(audio, WavSink(), t_eos=t0, mode=mode)
-            except NoSpeech as e:
-                print(f"edgespec: {name}: {e}; skipped", file=sys.stderr)
-                break
-            turns.append({"question": name, **r.to_dict()})
-            if not a.json:
-                print(f"{name} {mode}: {format_turn(r)}", file=sys.stderr)
-    keys = ("eos_to_transcript_ms", "eos_to_first_token_ms", "eos_to_first_audio_ms", "asr_rtf", "tts_rtf",
-            "decode_tok_s", "alpha", "new_tokens")
-    summary = {m: {k: _median([t[k] for t in turns if t["mode"] == m]) for k in keys} for m in MODES}
-    on, off = summary["spec"]["eos_to_first_audio_ms"], summary["plain"]["eos_to_first_audio_ms"]
-    result = {"command": "edgespec " + " ".join(sys.argv[1:]), "questions": len(questions),
-              "tts_engine": va.tts.name, "summary": summary, "turns": turns,
-              "first_audio_spec_over_plain": (on / off) if on and off else None}
-    if a.out:
-        out = Path(a.out)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(result, indent=1))
-        tmp.replace(out)
-    if a.json:
-        print(json.dumps(result))
-    else:
-        print(format_bench(result))
-    return 0
-
-
-def format_bench(result: dict) -> str:
-    """A Markdown table of the medians, one row per mode."""
-    rows = ["| mode | end of speech → transcript ms | → first token ms | → first audio ms | ASR RTF | TTS RTF "
-            "| decode tok/s | alpha |", "|---|---|---|---|---|---|---|---|"]
-    f = lambda v, p=0: "—" if v is None else f"{v:.{p}f}"  # noqa: E731
-    for m, s in result["summary"].items():
-        rows.append(f"| {m} | {f(s['eos_to_transcript_ms'])} | {f(s['eos_to_first_token_ms'])} | "
-                    f"{f(s['eos_to_first_audio_ms'])} | {f(s['asr_rtf'], 3)} | {f(s['tts_rtf'], 3)} | "
-                    f"{f(s['decode_tok_s'], 1)} | {f(s['alpha'], 2)} |")
-    r = result["first_audio_spec_over_plain"]
-    rows.append(f"\n{result['questions']} questions, TTS {result['tts_engine']}; median first audio spec/plain: "
-                f"{'—' if r is None else f'{r:.2f}×'}")
-    return "\n".join(rows)

@@ -6,13 +6,12 @@ plugin) in 30 ms blocks until the :class:`~edgespec.voice.audio.Endpointer` hear
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 
 from ..errors import EdgespecError
 from .asr import SAMPLE_RATE
-from .audio import MAX_QUESTION_S, Endpointer
+from .audio import FRAME_S, MAX_QUESTION_S, Endpointer
 from .pipeline import NoSpeech
 from .tts import VOICE_EXTRA
 
@@ -47,30 +46,37 @@ def _device_error(what: str, e: Exception) -> EdgespecError:
 
 
 def listen(wait_s: float = 10.0, hangover_s: float = 0.6, threshold: float = 0.01,
-           max_s: float = MAX_QUESTION_S) -> tuple[np.ndarray, float]:
+           max_s: float = MAX_QUESTION_S, on_pause=None, on_resume=None,
+           pause_s: float = 0.2) -> tuple[np.ndarray, float]:
     """Record one spoken question from the default input device.
 
-    Returns ``(audio, t_eos)``: float32 (S,) at 16 kHz, and the perf_counter time (s) at which the end of
-    speech was detected. Raises NoSpeech when nothing louder than ``threshold`` (RMS) came within ``wait_s``;
+    Returns ``(audio, t_eos)``: float32 (S,) at 16 kHz, and the perf_counter time (s) of the end of speech:
+    the end of the last loud frame, ``hangover_s`` before the endpointer decided (so a turn's report counts
+    the endpointer's wait as part of the delay the speaker feels). ``on_pause(audio, t_eos)`` is called
+    when speech has been followed by ``pause_s`` of quiet (the audio so far, the end of its speech),
+    ``on_resume()`` when speech comes again after such a pause (see :class:`~edgespec.voice.live.EagerTurn`).
+    Raises NoSpeech when nothing louder than ``threshold`` (RMS) came within ``wait_s``;
     EdgespecError when there is no input device.
     """
+    from .live import follow_speech
+
     sd = sounddevice()
-    block = int(SAMPLE_RATE * 0.03)
+    block = int(SAMPLE_RATE * FRAME_S)
     ep = Endpointer(SAMPLE_RATE, threshold=threshold, hangover_s=hangover_s, wait_s=wait_s, max_s=max_s)
-    blocks = []
+
+    def blocks(stream):
+        while True:
+            data, _overflowed = stream.read(block)
+            yield data[:, 0].astype(np.float32) / 32768.0
+
     try:
         with sd.InputStream(samplerate=SAMPLE_RATE, channels=1, dtype="int16", blocksize=block) as stream:
-            while not ep.done:
-                data, _overflowed = stream.read(block)
-                x = data[:, 0].astype(np.float32) / 32768.0
-                blocks.append(x)
-                ep.push(x)
+            audio, t_eos = follow_speech(blocks(stream), ep, on_pause, on_resume, pause_s)
     except (sd.PortAudioError, ValueError) as e:
         raise _device_error("microphone", e) from None
-    t_eos = time.perf_counter()
     if ep.timed_out:
         raise NoSpeech(f"no speech heard in {wait_s:g} s")
-    return np.concatenate(blocks), t_eos
+    return audio, t_eos
 
 
 class SpeakerSink:
@@ -79,10 +85,11 @@ class SpeakerSink:
     def __init__(self, rate: int):
         sd = sounddevice()
         try:
-            self.stream = sd.OutputStream(samplerate=rate, channels=1, dtype="int16")
+            self.stream = sd.OutputStream(samplerate=rate, channels=1, dtype="int16", latency="low")
             self.stream.start()
         except (sd.PortAudioError, ValueError) as e:
             raise _device_error("speaker", e) from None
+        self.latency_ms = float(self.stream.latency) * 1e3  # PortAudio's output latency: written → heard
 
     def write(self, s: np.ndarray) -> None:
         self.stream.write(np.ascontiguousarray(s.reshape(-1, 1), dtype=np.int16))
