@@ -265,9 +265,12 @@ class AdaptiveK(KPolicy):
         self._offered_match = {o.proposer.name: o.match for o in situation.offers}
         for o in free:
             p, top = o.proposer, min(o.limit, self.free_k_max)
-            if not self.rounds.get(p.name) and o.limit >= 2 and self._fits(p, top):
-                self.plain_run = 0  # never tried: one try costs only the extra verified rows, so learn its alpha
-                return self._plan(p, min(top, self.k_max))
+            first = min(top, self.probe_k)
+            if not self.rounds.get(p.name) and o.limit >= 2 and self._fits(p, first):
+                # never tried: a short try costs only a couple of extra verified rows, so learn its alpha (a long
+                # one cost a 12-token voice answer ~10%; the per-match estimates lengthen later tries)
+                self.plain_run = 0
+                return self._plan(p, first)
             sizes = sorted({min(b, o.limit) for b in self.tree_budgets}) if p.tree else range(1, top + 1)
             options.append((p, *self._best(p, sizes, match=o.match)))
         p, k, rate = max(options, key=lambda o: o[2], default=(None, 0, -1.0))

@@ -52,8 +52,28 @@ def calibration_path(decoder, k_max: int) -> Path:
         platform.node(), platform.machine(), decoder.target.session.get_providers()[0],
         str(pool_threads() or os.cpu_count()), f"k{k_max}",
         "lk" if decoder.target.has_logits_keep else "",
+        f"g{decoder.target.spec.graph_format}",  # formats 2 and 3 of one pair have different cost curves
     ])
     return paths.home() / "calibration" / (key.replace("/", "_") + ".json")
+
+
+def smooth_verify(verify_ms: list[float], tolerance: float = 0.25) -> list[float]:
+    """t_v(1..N) ms with outliers replaced: a point more than ``tolerance`` off the Theil–Sen line through all
+    points (median of pairwise slopes, median intercept) takes the line's value.
+
+    Verifying N rows costs about a + b·N on a CPU for small N; one measurement hit by a burst of other load
+    (t_v(6) = 299 ms between t_v(5) = 123 and t_v(7) = 165 was seen) would otherwise price that K out forever.
+    """
+    v = np.asarray(verify_ms, dtype=np.float64)
+    if len(v) < 3:
+        return [float(x) for x in v]
+    n = np.arange(1, len(v) + 1, dtype=np.float64)
+    i, j = np.triu_indices(len(v), 1)
+    slope = float(np.median((v[j] - v[i]) / (n[j] - n[i])))
+    intercept = float(np.median(v - slope * n))
+    line = np.maximum(intercept + slope * n, 1e-3)
+    off = np.abs(v / line - 1.0) > tolerance
+    return [float(x) for x in np.where(off, line, v)]
 
 
 STALE_FACTOR = 1.5  # a cached t_v(1) off by more than this factor from a fresh plain step is re-measured
@@ -133,19 +153,17 @@ def calibrate(decoder, k_max: int = 6, context: int = 128, reps: int = 5, use_ca
         model.forward(ids[:context], cache, keep=1)
         prefill[model] = (time.perf_counter() - t0) * 1e3 / context
         model.forward(ids[context:context + 1], cache)  # warm-up
-        out = {}
-        for n in ns:
-            ts = []
-            for _ in range(reps):
+        ts = {n: [] for n in ns}
+        for _ in range(reps):  # interleaved: a burst of other load hits every N alike, not one N's median
+            for n in ns:
                 cache.crop(context)
                 t0 = time.perf_counter()
                 model.forward(ids[context:context + n], cache)
-                ts.append((time.perf_counter() - t0) * 1e3)
-            out[n] = float(np.median(ts))
-        return out
+                ts[n].append((time.perf_counter() - t0) * 1e3)
+        return {n: float(np.median(t)) for n, t in ts.items()}
 
     tv = timed(decoder.target, range(1, k_max + 2))
-    verify = [tv[n] for n in range(1, k_max + 2)]
+    verify = smooth_verify([tv[n] for n in range(1, k_max + 2)])
     draft = timed(decoder.draft, [1])[1] if decoder.draft is not None else verify[0]
     cost = CostModel(verify_ms=verify, draft_ms=draft,
                      draft_prefill_ms=prefill.get(decoder.draft, prefill[decoder.target]))

@@ -97,7 +97,9 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=("spec", "lookup", "suffix", "plain"), default="spec",
                    help="spec: draft model; lookup: prompt lookup only; suffix: suffix trees only; plain: target only")
     p.add_argument("--tree", action="store_true", help="token trees (with --k: the node budget)")
-    p.add_argument("--lookup", action="store_true", help="prompt lookup first, the draft model when it has no match")
+    p.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=True,
+                   help="prompt lookup first, the draft model when it has no match (default on; --no-lookup: the "
+                        "draft model alone)")
     p.add_argument("--suffix", action="store_true",
                    help="suffix trees over the conversation and earlier answers first (SuffixDecoding)")
     p.add_argument("--draft-p-min", type=_probability, default=None,
@@ -139,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace --out even if it is not an edgespec export or holds other files (deletes them)")
     p.add_argument("--graph-format", type=int, choices=(2, 3), default=None,
                    help="3: in-place KV cache and fused GroupQueryAttention; 2: the traced graph "
-                        "(default: the exporter's, see README)")
+                        "(default: 3 where both models allow it — Qwen2/Llama, head size a multiple of 16 — else 2)")
     p.add_argument("--voice", action="store_true",
                    help="prepare the speech-recognition model of `edgespec voice` (Moonshine) instead of a pair")
 
@@ -166,8 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="plain vs speculative modes on a prompt set: JSON + PNG")
     p.add_argument("dir", nargs="?", help="export directory (default: the default pair)")
     p.add_argument("--modes", default=None,
-                   help="comma-separated: plain, k<K>, adaptive, adaptive@<ms> (default plain,k1,k2,k4,k6,adaptive; "
-                        "with --context plain,adaptive)")
+                   help="comma-separated: plain, k<K>, adaptive, adaptive@<ms>, any of them +lookup/+suffix/+tree "
+                        "(default plain,k1,k2,k4,k6,adaptive,adaptive+lookup; with --context plain,adaptive+lookup; "
+                        "adaptive+lookup is what chat, generate and serve run by default)")
     p.add_argument("--context", type=_contexts, default=None,
                    help="context sweep instead of the prompt set: decode and prefill tok/s after pasts of these "
                         "lengths, e.g. 128,1024,2048,3500")
@@ -435,7 +438,7 @@ def _cmd_bench(a) -> int:
         return _cmd_context_sweep(a)
     if a.also:
         raise EdgespecError("--also needs --context")
-    modes = [m.strip() for m in (a.modes or "plain,k1,k2,k4,k6,adaptive").split(",") if m.strip()]
+    modes = [m.strip() for m in (a.modes or "plain,k1,k2,k4,k6,adaptive,adaptive+lookup").split(",") if m.strip()]
     if a.latency_budget_ms is not None:
         modes.append(f"adaptive@{a.latency_budget_ms:g}")
     for m in modes:
@@ -471,7 +474,7 @@ def _cmd_context_sweep(a) -> int:
     from .bench import Mode
     from .context_bench import context_sweep, format_sweep, plot_sweep
 
-    modes = [m.strip() for m in (a.modes or "plain,adaptive").split(",") if m.strip()]
+    modes = [m.strip() for m in (a.modes or "plain,adaptive+lookup").split(",") if m.strip()]
     for m in modes:
         Mode.parse(m)
     dirs = [_export_dir(a.dir, auto_export=False)] + [_export_dir(d, auto_export=False) for d in a.also]

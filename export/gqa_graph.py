@@ -78,17 +78,27 @@ class _Graph:
         return out
 
 
-def _check(config) -> None:
+def format3_problem(config) -> str | None:
+    """Why a transformers ``config`` cannot be written as a format-3 graph (a phrase), or None if it can."""
     arch = config.model_type
     if arch not in FORMAT3_ARCHITECTURES:
-        raise EdgespecError(f"graph format 3 supports {', '.join(FORMAT3_ARCHITECTURES)}, not {arch} "
-                            "(export with --graph-format 2)")
+        return f"graph format 3 supports {', '.join(FORMAT3_ARCHITECTURES)}, not {arch}"
     if getattr(config, "use_sliding_window", False):
-        raise EdgespecError("graph format 3 has no sliding-window attention (export with --graph-format 2)")
+        return "graph format 3 has no sliding-window attention"
     if getattr(config, "hidden_act", "silu") != "silu":
-        raise EdgespecError(f"graph format 3 supports the SiLU MLP, not {config.hidden_act}")
+        return f"graph format 3 supports the SiLU MLP, not {config.hidden_act}"
     if getattr(config, "partial_rotary_factor", 1.0) != 1.0:
-        raise EdgespecError("graph format 3 needs the rotary embedding over the whole head")
+        return "graph format 3 needs the rotary embedding over the whole head"
+    head_dim = kv_shape(config)[2]
+    if head_dim % 16:
+        return f"graph format 3 needs a head size that is a multiple of 16 (onnxruntime's GroupQueryAttention), not {head_dim}"
+    return None
+
+
+def _check(config) -> None:
+    why = format3_problem(config)
+    if why:
+        raise EdgespecError(f"{why} (export with --graph-format 2)")
 
 
 def rotary_caches(model, length: int) -> tuple[np.ndarray, np.ndarray]:

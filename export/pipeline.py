@@ -50,7 +50,7 @@ from .sources import Source, resolve_model, resolve_recipe_model
 GRAPH_FORMATS = (2, 3)
 GRAPH_REVISIONS = {3: 2}  # format 3, revision 2: the token embedding quantized (GatherBlockQuantized)
 EMBEDDING_BITS = {"int4": 8, "int8": 8}  # format 3 from revision 2: embedding table bits per graph precision
-DEFAULT_GRAPH_FORMAT = 2
+DEFAULT_GRAPH_FORMAT = 3  # where the model allows it (gqa_graph.format3_problem); format 2 stays loadable
 QUANT_POSITIONS = 256
 
 
@@ -63,10 +63,10 @@ class ExportOptions:
     accuracy_level: int = 4
     lm_head_bits: int | None = None
     vocab_size: int | None = None  # prune the lm_head to this many frequent ids (FR-Spec; draft only)
-    graph_format: int = DEFAULT_GRAPH_FORMAT
+    graph_format: int | None = None  # None: DEFAULT_GRAPH_FORMAT where both models allow it, else 2
 
     def __post_init__(self):
-        if self.graph_format not in GRAPH_FORMATS:
+        if self.graph_format is not None and self.graph_format not in GRAPH_FORMATS:
             raise EdgespecError(f"graph format must be one of {', '.join(map(str, GRAPH_FORMATS))}, "
                                 f"not {self.graph_format}")
         if self.precision not in PRECISIONS:
@@ -152,12 +152,47 @@ def _cached_meta(entry: Path) -> dict | None:
     return meta
 
 
+def format3_problem_of(info: ModelInfo) -> str | None:
+    """Why ``info``'s model cannot be a format-3 graph, or None."""
+    from .gqa_graph import format3_problem
+
+    return format3_problem(info.config)
+
+
+def _resolve_graph_format(t_opts: ExportOptions, d_opts: ExportOptions, t_info: ModelInfo,
+                          d_info: ModelInfo) -> tuple[ExportOptions, ExportOptions]:
+    """Options with the graph format decided: an unset one becomes :data:`DEFAULT_GRAPH_FORMAT` when both models
+    can be written as format 3, else 2 for both (one notice line); an explicit format is kept.
+
+    Raises:
+        EdgespecError: format 3 asked for a model it cannot express (before any graph is built).
+    """
+    from .gqa_graph import format3_problem
+
+    for role, o, info in (("target", t_opts, t_info), ("draft", d_opts, d_info)):
+        why = format3_problem(info.config) if o.graph_format == 3 else None
+        if why:  # before any graph is built
+            raise EdgespecError(f"{role}: {why} (export with --graph-format 2)")
+    if t_opts.graph_format is not None and d_opts.graph_format is not None:
+        return t_opts, d_opts
+    fmt = DEFAULT_GRAPH_FORMAT
+    if fmt == 3:
+        why = format3_problem(t_info.config) or format3_problem(d_info.config)
+        if why:
+            _log(f"graph format 2: {why}")
+            fmt = 2
+    fill = lambda o: o if o.graph_format is not None else replace(o, graph_format=fmt)  # noqa: E731
+    return fill(t_opts), fill(d_opts)
+
+
 def build_graph(info: ModelInfo, opts: ExportOptions, role: str, cache: Path | None = None) -> tuple[Path, dict]:
     """The cached graph directory for ``info`` and ``opts`` (built if absent or broken) and its metadata.
 
     ``cache`` is the graph cache (default ``<user cache>/graphs``); concurrent builders of one key wait for
     each other on ``<key>.lock``.
     """
+    if opts.graph_format is None:
+        opts = replace(opts, graph_format=2 if format3_problem_of(info) else DEFAULT_GRAPH_FORMAT)
     cache = cache or paths.home() / "graphs"
     try:
         cache.mkdir(parents=True, exist_ok=True)
@@ -324,6 +359,7 @@ def export_pair(target: str | None, draft: str | None, out: str | Path | None = 
     _log(f"reading tokenizers and configs ({name})")
     t_info, d_info = describe(t_src, "target"), describe(d_src, "draft")
     check_pair(t_info, d_info)
+    target_opts, draft_opts = _resolve_graph_format(target_opts, draft_opts, t_info, d_info)
     cache = paths.cache_dir("graphs")
     scratch = None
     if cache is None:  # no user cache: build the graphs next to the output and drop them afterwards

@@ -120,8 +120,17 @@ def real_export():
     from edgespec import paths
     from edgespec.export import export_pair
 
+    from edgespec.export.pipeline import DEFAULT_GRAPH_FORMAT
+    from edgespec.manifest import load_manifest
+
     with user_home():
         d = paths.default_export_dir()
-        if not (d / "edgespec.json").is_file():
+        fresh = False
+        if (d / "edgespec.json").is_file():
+            try:
+                fresh = load_manifest(d).target.graph_format == DEFAULT_GRAPH_FORMAT
+            except Exception:  # an unreadable or older export: made again, as `edgespec export` would
+                fresh = False
+        if not fresh:
             export_pair(None, None)
     return d

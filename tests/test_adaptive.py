@@ -121,8 +121,8 @@ def test_lookup_is_tried_once_before_its_estimate_counts():
     """The draft looks better on the prior, but lookup costs only extra verified rows: it gets one try."""
     pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=5.0), alpha0=0.95, lookup_alpha0=0.5)
     assert _choose(pol, lookup=1)[0] == "draft"  # a one-token match is not worth a try
-    assert _choose(pol, lookup=4) == ("lookup", 4)
-    _observe(pol, "lookup", 4, 0, None, pol._model_ms(P["lookup"], 4))
+    assert _choose(pol, lookup=4) == ("lookup", pol.probe_k)  # a short first try: two extra rows, not four
+    _observe(pol, "lookup", pol.probe_k, 0, None, pol._model_ms(P["lookup"], pol.probe_k))
     assert _choose(pol, lookup=4)[0] == "draft"  # tried, rejected: the estimates decide from now on
 
 
@@ -310,3 +310,15 @@ def test_the_controller_is_pure_decision_logic_without_onnxruntime():
             "print(pol.choose(Situation((Offer(DraftChain(), 99),))).name)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.stdout.strip() == "draft", r.stderr
+
+
+def test_calibration_outlier_takes_the_line_value():
+    """One t_v(N) hit by a burst of other load is replaced by the Theil–Sen line; a clean curve is kept."""
+    from edgespec.calibrate import smooth_verify
+
+    clean = [65.7, 73.5, 91.5, 108.1, 122.6, 140.0, 164.8]
+    assert smooth_verify(clean) == clean
+    spiked = clean[:5] + [299.3] + clean[6:]
+    fixed = smooth_verify(spiked)
+    assert fixed[:5] == clean[:5] and fixed[6:] == clean[6:]
+    assert 122.6 < fixed[5] < 164.8

@@ -116,7 +116,7 @@ def test_context_sweep_runs_two_exports_side_by_side(export_each_format, tiny_ex
     assert "| export (graph format) | mode | decode after 120 | decode after 200 |" in r.stdout
     res = json.loads(out.with_suffix(".json").read_text())
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert len(res["rows"]) == 2 * 2 * 2 and res["modes"] == ["plain", "adaptive"]
+    assert len(res["rows"]) == 2 * 2 * 2 and res["modes"] == ["plain", "adaptive+lookup"]
     for row in res["rows"]:
         assert abs(row["prompt_tokens"] - row["context"]) <= 3  # the source is cut to fit the asked length
         assert row["decode_tok_s"] > 0 and row["prefill_tok_s"] > 0

@@ -201,3 +201,14 @@ def test_folder_names_are_the_last_part_of_the_import_names():
     assert Path(edgespec.models.__file__).parent == root / "models"
     assert "qwen2.5-coder-1.5b+0.5b" in edgespec.models.available()
     assert Path(edgespec_models.__file__) == Path(edgespec.models.__file__)
+
+
+def test_default_mode_is_prompt_lookup_then_the_draft():
+    """chat, generate and serve default to adaptive K with prompt lookup first (`--no-lookup`: the draft alone)."""
+    from edgespec.cli import _proposers, build_parser
+
+    parse = build_parser().parse_args
+    assert _proposers(parse(["generate"])) == ("lookup", "draft")
+    assert _proposers(parse(["chat", "--no-lookup"])) == ("draft",)
+    assert _proposers(parse(["serve", "--tree"])) == ("lookup", "draft", "tree")
+    assert _proposers(parse(["generate", "--mode", "plain"])) == ()

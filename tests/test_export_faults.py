@@ -70,7 +70,8 @@ def test_draft_of_another_export(odd_export, tiny_export, home, tmp_path):
     shutil.rmtree(d / "draft")
     shutil.copytree(odd_export / "draft", d / "draft")
     one_line_error(run(["generate", str(d), *GEN], home), ("draft/model.onnx", "bytes, the manifest records"))
-    old = copy_export(d, tmp_path / "old", _without_files)
+    # an old manifest without file sizes (and the draft's graph format as the replaced draft has it)
+    old = copy_export(d, tmp_path / "old", lambda m: {**_without_files(m), "draft": {**m["draft"], "graph_format": 2}})
     one_line_error(run(["generate", str(old), *GEN], home), "draft graph has 3 layers")
 
 
@@ -167,3 +168,22 @@ def test_symlink_inside_the_export_is_fine(tiny_export, home, tmp_path):
     os.symlink("template.j2", d / "chat_template.jinja")
     r = run(["generate", str(d), *GEN], home)
     assert r.returncode == 0, r.stderr
+
+
+def test_default_graph_format_falls_back_to_2_where_format_3_cannot_go(odd_export, home, tiny_dirs, tmp_path):
+    """The odd draft's head size (8) is not a multiple of 16, which GroupQueryAttention needs: the default export
+    is format 2 for both graphs (with a notice); asking for format 3 explicitly is a one-line error."""
+    from edgespec.export.gqa_graph import format3_problem
+    from transformers import AutoConfig
+
+    from edgespec.manifest import load_manifest
+
+    m = load_manifest(odd_export)
+    assert m.target.graph_format == 2 and m.draft.graph_format == 2
+    assert "multiple of 16" in format3_problem(AutoConfig.for_model("qwen2", hidden_size=32, num_attention_heads=4))
+    assert format3_problem(AutoConfig.from_pretrained(tiny_dirs["target"])) is None
+    draft = build_model(tmp_path / "d", "qwen2", seed=5, layers=3, hidden=32, vocab=480)
+    r = run(["export", "--target", str(tiny_dirs["target"]), "--draft", str(draft), "--precision", "fp32",
+             "--graph-format", "3", "--out", str(tmp_path / "f3")], home)
+    one_line_error(r, "multiple of 16", progress=True)
+    assert not (tmp_path / "f3").exists()
