@@ -296,7 +296,7 @@ def _cmd_info(a) -> int:
         print(f"{role}: {g.architecture}, {g.num_layers} layers, {g.num_kv_heads} KV heads × {g.head_dim}, "
               f"logits {g.vocab_size}, {q.precision}"
               + (f" (block {q.block_size}, accuracy level {q.accuracy_level})" if q.block_size else "")
-              + f", lm_head {q.lm_head_bits} bits, graph format {g.graph_format}")
+              + f", lm_head {q.lm_head_bits} bits, embedding {q.embedding_bits} bits, graph format {g.graph_format}")
         print(f"  source: {g.source}  sha256 {g.source_sha256[:16]}…")
         v = g.validation.get("fp32", {})
         if v:

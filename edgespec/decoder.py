@@ -53,12 +53,20 @@ class SpecDecoder:
         for lm in (target, draft):
             if lm is not None and not lm.spec.kept_token_ids:
                 lm.vocab_limit = min(lm.spec.vocab_size, self.n_tokens)
-        self.plain_tokenizer = plain_text_tokenizer(tokenizer)  # message content: control-token text stays text
+        self._plain_tokenizer = None  # built on first use: a second tokenizer costs ~100 MB for Qwen's vocabulary
         self.kept_ids = None  # int64 (N,): target ids of a pruned draft head's N outputs
         self._generation = 0  # counts generations, so that an abandoned one does not report its end late
         if draft is not None and draft.spec.kept_token_ids:
             self.kept_ids = np.load(Path(draft.export_dir) / draft.spec.kept_token_ids).astype(np.int64)
         self.reset()
+
+    @property
+    def plain_tokenizer(self):
+        """The tokenizer that encodes control-token text in message content as ordinary text (built once, on
+        the first message that holds such text)."""
+        if self._plain_tokenizer is None:
+            self._plain_tokenizer = plain_text_tokenizer(self.tokenizer)
+        return self._plain_tokenizer
 
     @classmethod
     def load(cls, export_dir: str | Path, provider: str = "cpu", threads: int | None = None,
@@ -123,7 +131,7 @@ class SpecDecoder:
         if messages is not None:
             if self.template is None:
                 raise ValueError("this export has no chat template; pass a raw prompt")
-            ids = encode_chat(self.tokenizer, self.plain_tokenizer, self.template, messages)
+            ids = encode_chat(self.tokenizer, lambda: self.plain_tokenizer, self.template, messages)
         else:
             ids = self.tokenizer.encode(check_text(prompt, "prompt"), add_special_tokens=False).ids
         if not ids:

@@ -27,13 +27,16 @@ class Quantization:
     """How a graph's weights were quantized.
 
     ``precision`` is ``int4`` (onnxruntime MatMulNBits, ``block_size``, ``accuracy_level``, symmetric),
-    ``int8`` (dynamic QInt8 MatMul) or ``fp32``. ``lm_head_bits`` is the precision kept for the output head.
+    ``int8`` (dynamic QInt8 MatMul) or ``fp32``. ``lm_head_bits`` is the precision kept for the output head,
+    ``embedding_bits`` that of the token embedding table (32: fp32 ``Gather``; 4 or 8: ``GatherBlockQuantized``
+    in blocks of ``block_size``, or of 32 for int8 graphs).
     """
 
     precision: str
     block_size: int | None = None
     accuracy_level: int | None = None
     lm_head_bits: int = 32
+    embedding_bits: int = 32
 
 
 @dataclass(frozen=True)
@@ -169,7 +172,7 @@ def _fields(d: Any, where: str, spec: dict[str, tuple[str, bool]]) -> dict:
 
 
 _QUANTIZATION = {"precision": ("str", True), "block_size": ("pos?", False), "accuracy_level": ("nonneg?", False),
-                 "lm_head_bits": ("pos", False)}
+                 "lm_head_bits": ("pos", False), "embedding_bits": ("pos", False)}
 _GRAPH = {"path": ("str", True), "architecture": ("str", True), "num_layers": ("pos", True),
           "num_kv_heads": ("pos", True), "head_dim": ("pos", True), "vocab_size": ("pos", True),
           "context_length": ("pos", True), "quantization": ("object", True), "source": ("str", True),

@@ -20,6 +20,7 @@ if hasattr(ort, "disable_telemetry_events"):  # also when onnxruntime was import
 from .errors import EdgespecError
 from .integrity import check_graph
 from .manifest import GraphSpec
+from .pages import release_file_pages
 
 PROVIDERS = {
     "cpu": "CPUExecutionProvider",
@@ -272,26 +273,30 @@ class SessionMemory:
     - ``prepacking``: kernels repack constant weights at load (int4 MatMulNBits: a packed copy that replaces
       the memory-mapped original, about 1.3× its size on disk).
     - ``mem_pattern``: plan activation buffers from the first run's shapes.
+    - ``release_pages``: after loading, give back the graph data file's pages the process still holds but
+      never reads again (the int4 scales onnxruntime keeps after packing them; :mod:`edgespec.pages`).
 
-    Measured (docs/benchmarks.md, "Memory"): onnxruntime's defaults are the best choice here. Without the
-    arena, malloc fragments worse (more RSS growth per context token); without prepacking, an int4 step is
-    about 37× slower (MatMulNBits dequantizes every call). :data:`DEFAULT_MEMORY` therefore keeps them; what
-    does cut memory is graph format 3 (an in-place KV cache: no per-step ``present`` copies).
+    Measured (docs/benchmarks.md, "Memory"): onnxruntime's own switches are best at their defaults here.
+    Without the arena, malloc fragments worse (more RSS growth per context token); without prepacking, an
+    int4 step is about 37× slower (MatMulNBits dequantizes every call). What cuts memory is graph format 3
+    (an in-place KV cache: no per-step ``present`` copies) and ``release_pages``.
     """
 
     cpu_arena: bool = True
     prepacking: bool = True
     mem_pattern: bool = True
+    release_pages: bool = True
 
     @staticmethod
     def named(name: str) -> "SessionMemory":
-        """``edgespec`` (:data:`DEFAULT_MEMORY`), ``ort-defaults``, or fields like ``cpu_arena=0+prepacking=0``.
+        """``edgespec`` (:data:`DEFAULT_MEMORY`), ``ort-defaults`` (onnxruntime's defaults, no page release),
+        or fields like ``cpu_arena=0+prepacking=0``.
 
         Raises:
             ValueError: an unknown name or field.
         """
         if name == "ort-defaults":
-            return SessionMemory()
+            return SessionMemory(release_pages=False)
         if name == "edgespec":
             return DEFAULT_MEMORY
         try:
@@ -342,6 +347,9 @@ class OnnxLM:
         self._setup(spec, session)
         self.export_dir = Path(export_dir)
         check_graph(session, spec, role, path, self._past, self._outputs)  # the manifest describes this graph
+        self.released_bytes = 0  # file pages given back after loading (SessionMemory.release_pages)
+        if DEFAULT_MEMORY.release_pages:
+            self.released_bytes = release_file_pages(f for f in path.parent.iterdir() if f.is_file())
 
     @classmethod
     def from_session(cls, spec: GraphSpec, session: ort.InferenceSession) -> "OnnxLM":

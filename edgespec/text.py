@@ -234,13 +234,13 @@ def plain_text_tokenizer(tokenizer: Tokenizer) -> Tokenizer:
     return plain
 
 
-def encode_chat(tokenizer: Tokenizer, plain: Tokenizer, template: ChatTemplate, messages: list[dict],
+def encode_chat(tokenizer: Tokenizer, plain, template: ChatTemplate, messages: list[dict],
                 add_generation_prompt: bool = True) -> list[int]:
     """Token ids of ``messages`` rendered with ``template``; message content is plain text.
 
     Only the template's own markup produces control tokens: when a message holds the text of an added token
     (``<|im_end|>``), the template is rendered around placeholders and each content is encoded with
-    ``plain`` (:func:`plain_text_tokenizer`). Otherwise the rendered text is encoded as a whole, exactly as
+    ``plain`` (:func:`plain_text_tokenizer`; or a function returning it, called only then). Otherwise the rendered text is encoded as a whole, exactly as
     Hugging Face's ``apply_chat_template(tokenize=True)`` does.
 
     Raises:
@@ -257,6 +257,7 @@ def encode_chat(tokenizer: Tokenizer, plain: Tokenizer, template: ChatTemplate, 
     skeleton = template.render([{**m, "content": mk} for m, mk in zip(messages, marks)], add_generation_prompt)
     ids: list[int] = []
     rest = skeleton
+    plain = plain if isinstance(plain, Tokenizer) else plain()
     for m, mk in zip(messages, marks):
         if rest.count(mk) != 1:
             raise ValueError("the chat template rewrites message content, so control-token text in a message "

@@ -45,7 +45,11 @@ from .sources import Source, resolve_model, resolve_recipe_model
 # graph formats: 2 = traced graph with the optional logits_keep input (KV concatenated per step); 3 = written
 # graph with a shared in-place KV buffer and fused GroupQueryAttention (export/gqa_graph.py). A format's
 # number is part of the graph cache key: bump it when that graph changes, to invalidate cached graphs.
+# GRAPH_REVISIONS changes a format's graphs without a new format (the runtime reads both revisions): it is
+# part of the key when present, so graphs of the formats it does not name keep their keys.
 GRAPH_FORMATS = (2, 3)
+GRAPH_REVISIONS = {3: 2}  # format 3, revision 2: the token embedding quantized (GatherBlockQuantized)
+EMBEDDING_BITS = {"int4": 8, "int8": 8}  # format 3 from revision 2: embedding table bits per graph precision
 DEFAULT_GRAPH_FORMAT = 2
 QUANT_POSITIONS = 256
 
@@ -118,7 +122,10 @@ def _cache_key(source: Source, opts: ExportOptions) -> str:
     if o["vocab_size"] is None:  # absent when unset, so graphs cached before the option existed stay valid
         del o["vocab_size"]
     graph = o.pop("graph_format")
-    blob = json.dumps({"sha": source.sha256, "opts": o, "graph": graph}, sort_keys=True)
+    key = {"sha": source.sha256, "opts": o, "graph": graph}
+    if graph in GRAPH_REVISIONS:
+        key["revision"] = GRAPH_REVISIONS[graph]
+    blob = json.dumps(key, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -206,7 +213,9 @@ def _build(info: ModelInfo, opts: ExportOptions, role: str, final: Path) -> tupl
                 quantize(fp32, ref, "fp32")  # a full-vocabulary copy: the reference for the figures below
                 prune_lm_head(fp32, kept)
                 val["pruned_vocab"] = {"size": int(len(kept)), "source": how}
-            quantize(fp32, out, opts.precision, opts.block_size, opts.accuracy_level, opts.lm_head_bits)
+            embedding_bits = EMBEDDING_BITS.get(opts.precision) if opts.graph_format == 3 else None
+            quantize(fp32, out, opts.precision, opts.block_size, opts.accuracy_level, opts.lm_head_bits,
+                     embedding_bits)
             if opts.precision != "fp32" or kept is not None:
                 val["quantized"] = validate_quantized(ref, out, ids, layers, kv, hd, kept)
             for f in {fp32, ref}:
@@ -219,7 +228,8 @@ def _build(info: ModelInfo, opts: ExportOptions, role: str, final: Path) -> tupl
             context_length=int(getattr(info.config, "max_position_embeddings", 4096)),
             quantization=Quantization(opts.precision, opts.block_size if opts.precision == "int4" else None,
                                       opts.accuracy_level if opts.precision == "int4" else None,
-                                      opts.lm_head_bits or {"int4": 4, "int8": 8}.get(opts.precision, 32)),
+                                      opts.lm_head_bits or {"int4": 4, "int8": 8}.get(opts.precision, 32),
+                                      embedding_bits or 32),
             source=info.source.ref, source_sha256=info.source.sha256, input_names=tuple(ins),
             output_names=tuple(outs), validation=val,
             kept_token_ids="kept_token_ids.npy" if kept is not None else None, graph_format=opts.graph_format)
