@@ -33,6 +33,15 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return int(diff[0]) if len(diff) else n
 
 
+def feed(lm, ids: list[int], cache) -> np.ndarray | None:
+    """Run ``ids`` through ``lm`` after ``cache`` in prefill chunks of :data:`PREFILL_CHUNK` (the head on the
+    last row only); returns the last position's logits float32 (V,), or None for no ids."""
+    logits = None
+    for i in range(0, len(ids), PREFILL_CHUNK):
+        logits = lm.forward(ids[i:i + PREFILL_CHUNK], cache, keep=1)
+    return None if logits is None else logits[-1]
+
+
 class SpecDecoder:
     """Target + draft graphs of one export, with their caches and the committed tokens.
 
@@ -193,9 +202,7 @@ class SpecDecoder:
             if lm is None:
                 continue
             cache.crop(min(cache.length, keep))
-            pending = ids[cache.length:-1]
-            for i in range(0, len(pending), PREFILL_CHUNK):
-                lm.forward(pending[i:i + PREFILL_CHUNK], cache, keep=1)
+            feed(lm, ids[cache.length:-1], cache)
 
     # -- the steps -------------------------------------------------------------------------------------
 
@@ -208,10 +215,7 @@ class SpecDecoder:
         if self.dcache is not None:
             self.dcache.crop(keep)
         self.tokens = list(ids)
-        pending = ids[self.tcache.length:]
-        for i in range(0, len(pending), PREFILL_CHUNK):
-            logits = self.target.forward(pending[i:i + PREFILL_CHUNK], self.tcache, keep=1)
-        x = sample(probs(logits[-1], sp), rng)
+        x = sample(probs(feed(self.target, ids[self.tcache.length:], self.tcache), sp), rng)
         self.tokens.append(x)
         return x
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .decoder import PREFILL_CHUNK
+from .decoder import feed
 from .generation import GenerationOptions
 from .kpolicy import RoundPlan
 from .progress import progress_bar
@@ -52,8 +52,7 @@ def _plain_row(decoder, input_ids: list[int], new_ids: list[int]) -> np.ndarray:
     them (the prompt in prefill chunks, then one-token steps), so that a near-tie is measured on the very
     numbers the plain run compared."""
     cache = decoder.target.new_cache()
-    for i in range(0, len(input_ids), PREFILL_CHUNK):
-        row = decoder.target.forward(input_ids[i:i + PREFILL_CHUNK], cache, keep=1)[-1]
+    row = feed(decoder.target, input_ids, cache)
     for t in new_ids:
         row = decoder.target.forward([t], cache)[-1]
     return row

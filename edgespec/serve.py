@@ -113,6 +113,8 @@ class Engine:
                 self.counts[outcome] += 1
 
     def _generate(self, job: Job) -> str:
+        from .decoder import _common_prefix
+
         d = self.decoder
         queue_ms = (time.perf_counter() - job.enqueued) * 1e3
         cached = min(_common_prefix(d.tokens, job.ids), len(job.ids) - 1, d.tcache.length)
@@ -149,15 +151,6 @@ class Engine:
             finish = "stop" if g.stats.stop_reason == "stop_token" else "length"
         job.post("done", finish, g.stats, cached, queue_ms)
         return "completed"
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 # -- HTTP ----------------------------------------------------------------------------------------------

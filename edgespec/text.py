@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Callable
 import time
 from pathlib import Path
 
@@ -234,13 +235,13 @@ def plain_text_tokenizer(tokenizer: Tokenizer) -> Tokenizer:
     return plain
 
 
-def encode_chat(tokenizer: Tokenizer, plain, template: ChatTemplate, messages: list[dict],
+def encode_chat(tokenizer: Tokenizer, plain: Callable[[], Tokenizer], template: ChatTemplate, messages: list[dict],
                 add_generation_prompt: bool = True) -> list[int]:
     """Token ids of ``messages`` rendered with ``template``; message content is plain text.
 
     Only the template's own markup produces control tokens: when a message holds the text of an added token
     (``<|im_end|>``), the template is rendered around placeholders and each content is encoded with
-    ``plain`` (:func:`plain_text_tokenizer`; or a function returning it, called only then). Otherwise the rendered text is encoded as a whole, exactly as
+    the tokenizer ``plain()`` returns (:func:`plain_text_tokenizer`; called only then, as it costs ~100 MB). Otherwise the rendered text is encoded as a whole, exactly as
     Hugging Face's ``apply_chat_template(tokenize=True)`` does.
 
     Raises:
@@ -257,7 +258,7 @@ def encode_chat(tokenizer: Tokenizer, plain, template: ChatTemplate, messages: l
     skeleton = template.render([{**m, "content": mk} for m, mk in zip(messages, marks)], add_generation_prompt)
     ids: list[int] = []
     rest = skeleton
-    plain = plain if isinstance(plain, Tokenizer) else plain()
+    plain = plain()
     for m, mk in zip(messages, marks):
         if rest.count(mk) != 1:
             raise ValueError("the chat template rewrites message content, so control-token text in a message "

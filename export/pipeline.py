@@ -152,11 +152,13 @@ def _cached_meta(entry: Path) -> dict | None:
     return meta
 
 
-def format3_problem_of(info: ModelInfo) -> str | None:
-    """Why ``info``'s model cannot be a format-3 graph, or None."""
+def _default_format(infos) -> tuple[int, str | None]:
+    """(:data:`DEFAULT_GRAPH_FORMAT`, None) when every model of ``infos`` can be written as a format-3 graph, else
+    (2, why)."""
     from .gqa_graph import format3_problem
 
-    return format3_problem(info.config)
+    why = next(filter(None, (format3_problem(i.config) for i in infos)), None)
+    return (2, why) if why else (DEFAULT_GRAPH_FORMAT, None)
 
 
 def _resolve_graph_format(t_opts: ExportOptions, d_opts: ExportOptions, t_info: ModelInfo,
@@ -175,12 +177,9 @@ def _resolve_graph_format(t_opts: ExportOptions, d_opts: ExportOptions, t_info: 
             raise EdgespecError(f"{role}: {why} (export with --graph-format 2)")
     if t_opts.graph_format is not None and d_opts.graph_format is not None:
         return t_opts, d_opts
-    fmt = DEFAULT_GRAPH_FORMAT
-    if fmt == 3:
-        why = format3_problem(t_info.config) or format3_problem(d_info.config)
-        if why:
-            _log(f"graph format 2: {why}")
-            fmt = 2
+    fmt, why = _default_format((t_info, d_info))
+    if why:
+        _log(f"graph format 2: {why}")
     fill = lambda o: o if o.graph_format is not None else replace(o, graph_format=fmt)  # noqa: E731
     return fill(t_opts), fill(d_opts)
 
@@ -192,7 +191,7 @@ def build_graph(info: ModelInfo, opts: ExportOptions, role: str, cache: Path | N
     each other on ``<key>.lock``.
     """
     if opts.graph_format is None:
-        opts = replace(opts, graph_format=2 if format3_problem_of(info) else DEFAULT_GRAPH_FORMAT)
+        opts = replace(opts, graph_format=_default_format((info,))[0])
     cache = cache or paths.home() / "graphs"
     try:
         cache.mkdir(parents=True, exist_ok=True)
