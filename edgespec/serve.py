@@ -69,9 +69,11 @@ class Engine:
     # -- called from the event loop ----------------------------------------------------------------------
 
     def submit(self, job: Job) -> None:
-        """Queue ``job``. Raises RequestError(429) when ``max_queue`` jobs already wait."""
+        """Queue ``job``. Raises RequestError(429) when ``max_queue`` jobs already wait behind a running one."""
         with self._lock:
-            if self.waiting >= self.max_queue and (self.running or self.waiting):
+            # one job runs and max_queue wait; a job not yet taken by an idle worker is about to run, so it
+            # does not count as waiting (a burst of max_queue + 1 requests on an idle server is all served)
+            if self.waiting >= self.max_queue + (0 if self.running else 1):
                 self.counts["rejected"] += 1
                 raise RequestError(429, f"the server is busy ({self.waiting} requests waiting); retry later",
                                    code="rate_limit_exceeded", kind="rate_limit_error")

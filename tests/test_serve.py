@@ -227,6 +227,35 @@ def test_a_client_that_leaves_before_a_non_streamed_reply_frees_the_server(serve
     assert after["cancelled"] == before["cancelled"] + 1 and after["completed"] == before["completed"]
 
 
+def test_the_queue_bound_counts_a_job_an_idle_worker_has_not_taken_yet_as_running():
+    """``--max-queue 1``: one job runs and one waits. Two requests that reach an idle server before its worker
+    takes the first are both accepted (the race that made two concurrent clients see a 429); a third is not."""
+    import asyncio
+    import types
+
+    from edgespec import serve
+
+    engine = serve.Engine(types.SimpleNamespace(manifest=None, context_length=64), {}, max_queue=1)
+    engine.stop()
+    engine._thread.join(5)  # no worker: submitted jobs stay queued, as in the instant before it takes one
+    loop = asyncio.new_event_loop()
+    try:
+        def job():
+            return serve.Job(ids=[1], overrides={}, stops=(), budget_ms=None, loop=loop)
+
+        engine.submit(job())
+        engine.submit(job())
+        with pytest.raises(RequestError) as e:
+            engine.submit(job())
+        assert e.value.status == 429 and engine.counts["rejected"] == 1
+        engine.running = True  # a job runs: only max_queue may wait
+        engine.waiting = 1
+        with pytest.raises(RequestError):
+            engine.submit(job())
+    finally:
+        loop.close()
+
+
 def test_a_full_queue_gets_429(server):
     server.wait_idle()
     running = _long_stream(server)
