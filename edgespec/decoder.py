@@ -17,6 +17,7 @@ from .integrity import check_files, check_tokenizer, tokenizer_width
 from .kpolicy import FixedK, KPolicy, RoundPlan, RoundResult, Situation
 from .manifest import Manifest, load_manifest
 from .onnx_model import CPU, KVCache, OnnxLM, resolve_provider, use_shared_thread_pool
+from .pages import trim_heap
 from .proposers import Proposer, resolve
 from .sampling import (SamplingParams, accept_reject, greedy_accept, probs, sample, top1_probability,
                        verify_tree)
@@ -111,6 +112,7 @@ class SpecDecoder:
                                      tok.id_to_token(m.special_tokens.eos) or "")
         target = OnnxLM(m.target, export_dir, provider, threads, provider_options, role="target")
         draft = OnnxLM(m.draft, export_dir, provider, threads, provider_options, role="draft") if load_draft else None
+        trim_heap()  # the tokenizer's JSON parse and the sessions' load leave free heap blocks (~40 MB)
         ctx = min(m.target.context_length, m.draft.context_length)
         if context_length is not None:
             ctx = min(ctx, context_length)

@@ -20,7 +20,7 @@ if hasattr(ort, "disable_telemetry_events"):  # also when onnxruntime was import
 from .errors import EdgespecError
 from .integrity import check_graph
 from .manifest import GraphSpec
-from .pages import release_file_pages
+from .pages import anonymous_zeros, release_file_pages
 
 PROVIDERS = {
     "cpu": "CPUExecutionProvider",
@@ -171,7 +171,7 @@ class SharedKVCache:
 
     def _alloc(self, capacity: int, n: int, old: list[np.ndarray] | None = None) -> None:
         b, kv, hd = self._shape
-        self.buffers = [np.zeros((b, kv, capacity, hd), dtype=np.float32) for _ in range(n)]
+        self.buffers = anonymous_zeros(n, (b, kv, capacity, hd))  # resident as rows are written
         if old is not None:
             for new, prev in zip(self.buffers, old):
                 new[:, :, :self.length] = prev[:, :, :self.length]
