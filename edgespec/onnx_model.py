@@ -6,6 +6,7 @@ default to the cache length, so they always equal the number of committed tokens
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ if hasattr(ort, "disable_telemetry_events"):  # also when onnxruntime was import
 from .errors import EdgespecError
 from .integrity import check_graph
 from .manifest import GraphSpec
-from .pages import anonymous_zeros, release_file_pages
+from .pages import ReleaseWhileLoading, anonymous_zeros, release_file_pages
 
 PROVIDERS = {
     "cpu": "CPUExecutionProvider",
@@ -275,6 +276,8 @@ class SessionMemory:
     - ``mem_pattern``: plan activation buffers from the first run's shapes.
     - ``release_pages``: after loading, give back the graph data file's pages the process still holds but
       never reads again (the int4 scales onnxruntime keeps after packing them; :mod:`edgespec.pages`).
+    - ``release_while_loading``: do that every 50 ms while the session is being created too, so the load's
+      peak does not hold every scale read so far (:class:`edgespec.pages.ReleaseWhileLoading`).
 
     Measured (docs/benchmarks.md, "Memory"): onnxruntime's own switches are best at their defaults here.
     Without the arena, malloc fragments worse (more RSS growth per context token); without prepacking, an
@@ -286,6 +289,7 @@ class SessionMemory:
     prepacking: bool = True
     mem_pattern: bool = True
     release_pages: bool = True
+    release_while_loading: bool = True
 
     @staticmethod
     def named(name: str) -> "SessionMemory":
@@ -296,7 +300,7 @@ class SessionMemory:
             ValueError: an unknown name or field.
         """
         if name == "ort-defaults":
-            return SessionMemory(release_pages=False)
+            return SessionMemory(release_pages=False, release_while_loading=False)
         if name == "edgespec":
             return DEFAULT_MEMORY
         try:
@@ -343,13 +347,17 @@ class OnnxLM:
     def __init__(self, spec: GraphSpec, export_dir: str | Path, provider: str = "cpu", threads: int | None = None,
                  provider_options: dict | None = None, role: str = "target"):
         path = Path(export_dir) / spec.path
-        session = open_session(path, provider, provider_options, threads)
+        files = [f for f in path.parent.iterdir() if f.is_file()]
+        loading = ReleaseWhileLoading(files) if DEFAULT_MEMORY.release_while_loading else None
+        with loading or contextlib.nullcontext():
+            session = open_session(path, provider, provider_options, threads)
         self._setup(spec, session)
         self.export_dir = Path(export_dir)
         check_graph(session, spec, role, path, self._past, self._outputs)  # the manifest describes this graph
-        self.released_bytes = 0  # file pages given back after loading (SessionMemory.release_pages)
+        # file pages given back while and after loading (SessionMemory.release_while_loading, release_pages)
+        self.released_bytes = loading.released if loading else 0
         if DEFAULT_MEMORY.release_pages:
-            self.released_bytes = release_file_pages(f for f in path.parent.iterdir() if f.is_file())
+            self.released_bytes += release_file_pages(files)
 
     @classmethod
     def from_session(cls, spec: GraphSpec, session: ort.InferenceSession) -> "OnnxLM":

@@ -8,7 +8,8 @@ import pytest
 
 import edgespec.onnx_model as om
 from edgespec.manifest import load_manifest
-from edgespec.pages import anonymous_zeros, mapped_rss, release_file_pages, trim_heap
+from edgespec.pages import (MADV_PAGEOUT, ReleaseWhileLoading, anonymous_zeros, mapped_rss, release_file_pages,
+                             trim_heap)
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and madvise: Linux only")
 
@@ -45,6 +46,26 @@ def test_a_mapping_with_written_pages_is_left_alone(data_file, tmp_path):
     assert release_file_pages([f]) == 0
     assert m[0:4] == b"edge" and m[4:] == content[4:]
     assert release_file_pages([tmp_path / "other"]) == 0  # a file that is not mapped (or missing)
+    m.close()
+
+
+@linux
+def test_pages_released_while_another_thread_reads_them_read_back_the_same(data_file):
+    """The load-time release runs beside onnxruntime: pages it pages out fault back in with the file's bytes,
+    and a written (private) page is never touched."""
+    f, content = data_file
+    with open(f, "rb") as fh:
+        m = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+    with ReleaseWhileLoading([f], interval_s=0.001) as r:
+        for _ in range(200):  # read every page, over and over, while the thread releases them
+            assert m[:] == content
+        deadline = __import__("time").time() + 5
+        while r.released == 0 and __import__("time").time() < deadline:
+            pass
+    assert r.released > 0  # the kernel took the advice (MADV_PAGEOUT, Linux >= 5.4)
+    assert m[:] == content
+    m[0:4] = b"edge"
+    assert release_file_pages([f], MADV_PAGEOUT) == 0 and m[0:4] == b"edge"
     m.close()
 
 
@@ -99,7 +120,8 @@ def test_release_pages_keeps_the_logits(kind, request, monkeypatch):
     ids = [int(i) for i in np.random.default_rng(1).integers(3, 400, 24)]
     out = {}
     for release in (False, True):
-        monkeypatch.setattr(om, "DEFAULT_MEMORY", om.SessionMemory(release_pages=release))
+        monkeypatch.setattr(om, "DEFAULT_MEMORY", om.SessionMemory(release_pages=release,
+                                                                   release_while_loading=release))
         lm = om.OnnxLM(m.target, d)
         if not release:
             assert lm.released_bytes == 0
@@ -114,7 +136,9 @@ def test_release_pages_keeps_the_logits(kind, request, monkeypatch):
 def test_memory_setting_names():
     assert om.SessionMemory.named("edgespec") == om.DEFAULT_MEMORY
     assert om.DEFAULT_MEMORY.release_pages
-    assert om.SessionMemory.named("ort-defaults") == om.SessionMemory(release_pages=False)
+    assert om.DEFAULT_MEMORY.release_while_loading
+    assert om.SessionMemory.named("ort-defaults") == om.SessionMemory(release_pages=False,
+                                                                      release_while_loading=False)
     assert om.SessionMemory.named("cpu_arena=0+release_pages=0") == om.SessionMemory(cpu_arena=False,
                                                                                       release_pages=False)
     with pytest.raises(ValueError, match="unknown session memory setting"):
