@@ -36,6 +36,7 @@ import numpy as np
 
 MADV_DONTNEED = 4  # the same values on x86_64 and aarch64 Linux
 MADV_PAGEOUT = 21  # Linux >= 5.4: reclaim the pages, never losing their content
+_REFUSED: set[int] = set()  # advice values madvise answered EINVAL to
 _HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ ([0-9a-f]+):([0-9a-f]+) (\d+)")
 
 
@@ -57,7 +58,7 @@ def mapped_rss(paths) -> int:
     """Resident bytes of this process's mappings of the files ``paths`` (0 where /proc is missing)."""
     ids = _file_ids(paths)
     try:
-        maps = _mappings(Path("/proc/self/smaps").read_text())
+        maps = _mappings(Path("/proc/self/smaps").read_text(errors="surrogateescape"))
     except OSError:
         return 0
     return sum(m.get("Rss", 0) * 1024 for m in maps if m["file"] in ids)
@@ -82,17 +83,19 @@ def release_file_pages(paths, advice: int = MADV_DONTNEED) -> int:
     :data:`MADV_DONTNEED` (the page cache keeps the pages: a later load reads them from memory) is for a
     process whose mappings do not change meanwhile; :data:`MADV_PAGEOUT` is safe while another thread maps
     and unmaps (a range it reuses is paged out, not cleared) and also evicts the pages from the page cache.
+    The count is of the resident bytes advised: the kernel may keep some (a page another process maps).
     Returns 0 without doing anything on other systems or when /proc or ``madvise`` is unavailable (or
     refuses ``advice``: kernels before 5.4 know no MADV_PAGEOUT). Never raises.
     """
-    if not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux") or advice in _REFUSED:
         return 0
     ids = _file_ids(paths)
     try:
-        maps = _mappings(Path("/proc/self/smaps").read_text())
+        maps = _mappings(Path("/proc/self/smaps").read_text(errors="surrogateescape"))
         # the same ranges in /proc/self/maps: under qemu-user emulation (the aarch64 check) maps shows the
         # guest's view and smaps may show the host's; a range that is not in both is never advised
-        listed = {(m["start"], m["end"], m["file"]) for m in _mappings(Path("/proc/self/maps").read_text())}
+        listed = {(m["start"], m["end"], m["file"])
+                  for m in _mappings(Path("/proc/self/maps").read_text(errors="surrogateescape"))}
         madvise = ctypes.CDLL(None, use_errno=True).madvise
     except (OSError, AttributeError):
         return 0
@@ -106,7 +109,8 @@ def release_file_pages(paths, advice: int = MADV_DONTNEED) -> int:
             continue
         if madvise(m["start"], m["end"] - m["start"], advice) == 0:
             released += m["Rss"] * 1024
-        elif ctypes.get_errno() == errno.EINVAL:  # an advice this kernel (or qemu-user) does not know
+        elif advice != MADV_DONTNEED and ctypes.get_errno() == errno.EINVAL:
+            _REFUSED.add(advice)  # an advice this kernel (or qemu-user) does not know: not asked again
             break
     return released
 
@@ -126,13 +130,16 @@ class ReleaseWhileLoading:
 
     def __init__(self, paths, interval_s: float = 0.05):
         self.paths, self.interval_s = list(paths), interval_s
-        self.released = 0
+        self.released = 0  # resident bytes advised, as release_file_pages counts them
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.released += release_file_pages(self.paths, MADV_PAGEOUT)
+        try:
+            while not self._stop.wait(self.interval_s) and MADV_PAGEOUT not in _REFUSED:
+                self.released += release_file_pages(self.paths, MADV_PAGEOUT)
+        except Exception:  # memory hygiene only: never a reason to disturb the load
+            pass
 
     def __enter__(self) -> "ReleaseWhileLoading":
         if sys.platform.startswith("linux"):
@@ -147,17 +154,27 @@ class ReleaseWhileLoading:
 
 
 def anonymous_zeros(count: int, shape: tuple[int, ...], dtype=np.float32) -> list[np.ndarray]:
-    """``count`` zeroed C-contiguous arrays of ``shape`` over one anonymous memory mapping.
+    """``count`` zeroed C-contiguous arrays of ``shape`` over one private anonymous memory mapping.
 
     The kernel hands out zero pages on first touch, so the process's RSS grows with the rows written, not
-    with ``shape``; the mapping is unmapped when the last array over it is gone. (``numpy.zeros`` uses
-    ``calloc``, which clears a reused heap block by writing every page.)
+    with ``shape``; the mapping is unmapped when the last array over it is gone. Each array starts on a page
+    boundary. Transparent huge pages are turned off for the mapping (one 2 MB page would make a KV head's
+    whole block resident at its first row; numpy asks for huge pages on arrays of 4 MB and more, which is
+    how ``numpy.zeros`` buffers became fully resident at a chat's first step).
     """
-    one = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    itemsize = np.dtype(dtype).itemsize
+    one = int(np.prod(shape)) * itemsize
     if count * one == 0:
         return [np.zeros(shape, dtype) for _ in range(count)]
-    flat = np.frombuffer(mmap.mmap(-1, count * one), dtype=dtype)
-    return [flat[i * (one // flat.itemsize):(i + 1) * (one // flat.itemsize)].reshape(shape) for i in range(count)]
+    stride = -(-one // mmap.PAGESIZE) * mmap.PAGESIZE
+    if hasattr(mmap, "MAP_PRIVATE"):  # Unix: private, not the shared /dev/zero mapping of mmap(-1, n)'s default
+        m = mmap.mmap(-1, count * stride, flags=mmap.MAP_PRIVATE)  # fd -1: CPython adds MAP_ANONYMOUS
+        if hasattr(mmap, "MADV_NOHUGEPAGE"):
+            m.madvise(mmap.MADV_NOHUGEPAGE)
+    else:  # Windows: pagefile-backed, committed up front, zero pages on first touch
+        m = mmap.mmap(-1, count * stride)
+    flat = np.frombuffer(m, dtype=np.uint8)
+    return [flat[i * stride:i * stride + one].view(dtype).reshape(shape) for i in range(count)]
 
 
 def trim_heap() -> None:

@@ -238,6 +238,7 @@ def test_the_queue_bound_counts_a_job_an_idle_worker_has_not_taken_yet_as_runnin
     engine = serve.Engine(types.SimpleNamespace(manifest=None, context_length=64), {}, max_queue=1)
     engine.stop()
     engine._thread.join(5)  # no worker: submitted jobs stay queued, as in the instant before it takes one
+    assert not engine._thread.is_alive()
     loop = asyncio.new_event_loop()
     try:
         def job():
@@ -248,10 +249,11 @@ def test_the_queue_bound_counts_a_job_an_idle_worker_has_not_taken_yet_as_runnin
         with pytest.raises(RequestError) as e:
             engine.submit(job())
         assert e.value.status == 429 and engine.counts["rejected"] == 1
-        engine.running = True  # a job runs: only max_queue may wait
-        engine.waiting = 1
+        engine.running, engine.waiting = True, 0  # a job runs: max_queue may wait
+        engine.submit(job())
         with pytest.raises(RequestError):
             engine.submit(job())
+        assert engine.counts["rejected"] == 2
     finally:
         loop.close()
 
