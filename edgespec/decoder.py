@@ -104,6 +104,7 @@ class SpecDecoder:
         if shared_thread_pool and resolve_provider(provider)[0] == CPU:
             use_shared_thread_pool(threads)
         tok = load_tokenizer(export_dir / m.tokenizer)
+        trim_heap()  # its JSON parse leaves ~37 MB of free heap blocks; give them back before the graphs load
         check_tokenizer(export_dir, m, tokenizer_width(tok))
         template = None
         if m.chat_template:
@@ -112,7 +113,7 @@ class SpecDecoder:
                                      tok.id_to_token(m.special_tokens.eos) or "")
         target = OnnxLM(m.target, export_dir, provider, threads, provider_options, role="target")
         draft = OnnxLM(m.draft, export_dir, provider, threads, provider_options, role="draft") if load_draft else None
-        trim_heap()  # the tokenizer's JSON parse and the sessions' load leave free heap blocks (~40 MB)
+        trim_heap()  # and what loading the graphs left
         ctx = min(m.target.context_length, m.draft.context_length)
         if context_length is not None:
             ctx = min(ctx, context_length)
