@@ -281,15 +281,14 @@ class SessionMemory:
 
     Measured (docs/benchmarks.md, "Memory"): keep the arena (without it malloc fragments worse: more RSS
     growth per context token) and prepacking (without it an int4 step is about 37× slower: MatMulNBits
-    dequantizes every call). ``mem_pattern`` is off: its planned blocks put ~70 MB on the peak of
-    ``generate --mode plain`` (block-128 target: 1,076 → 1,006 MB) and a step is no slower without them.
-    What cuts memory is graph format 3 (an in-place KV cache: no per-step ``present`` copies), its
+    dequantizes every call). ``mem_pattern`` changes no peak measurably (the peaks are at load and at the
+    end of a conversation). What cuts memory is graph format 3 (an in-place KV cache: no per-step ``present`` copies), its
     buffers' pages becoming resident only as rows are written, and the two page releases.
     """
 
     cpu_arena: bool = True
     prepacking: bool = True
-    mem_pattern: bool = False
+    mem_pattern: bool = True
     release_pages: bool = True
     release_while_loading: bool = True
 
@@ -302,7 +301,7 @@ class SessionMemory:
             ValueError: an unknown name or field.
         """
         if name == "ort-defaults":
-            return SessionMemory(mem_pattern=True, release_pages=False, release_while_loading=False)
+            return SessionMemory(release_pages=False, release_while_loading=False)
         if name == "edgespec":
             return DEFAULT_MEMORY
         try:

@@ -169,7 +169,7 @@ def test_memory_setting_names():
     assert om.SessionMemory.named("edgespec") == om.DEFAULT_MEMORY
     assert om.DEFAULT_MEMORY.release_pages
     assert om.DEFAULT_MEMORY.release_while_loading
-    assert om.SessionMemory.named("ort-defaults") == om.SessionMemory(mem_pattern=True, release_pages=False,
+    assert om.SessionMemory.named("ort-defaults") == om.SessionMemory(release_pages=False,
                                                                       release_while_loading=False)
     assert om.SessionMemory.named("cpu_arena=0+release_pages=0") == om.SessionMemory(cpu_arena=False,
                                                                                       release_pages=False)
