@@ -3,6 +3,7 @@
 import mmap
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -67,9 +68,12 @@ def test_pages_released_while_another_thread_reads_them_read_back_the_same(data_
         pytest.skip("this kernel refuses MADV_PAGEOUT (Linux < 5.4)")
     with open(f, "rb") as fh:
         m = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+    deadline = time.monotonic() + 10
     with ReleaseWhileLoading([f], interval_s=0.001) as r:
-        for _ in range(200):  # read every page, over and over, while the thread releases them
-            assert m[:] == content
+        reads = 0
+        while reads < 200 or (r.released == 0 and time.monotonic() < deadline):
+            assert m[:] == content  # read every page, over and over, while the thread releases them
+            reads += 1
     assert r.released > 0 and m[:] == content
     m.close()
 
