@@ -282,8 +282,9 @@ class SessionMemory:
     Measured (docs/benchmarks.md, "Memory"): keep the arena (without it malloc fragments worse: more RSS
     growth per context token) and prepacking (without it an int4 step is about 37× slower: MatMulNBits
     dequantizes every call). ``mem_pattern`` changes no peak measurably (the peaks are at load and at the
-    end of a conversation). What cuts memory is graph format 3 (an in-place KV cache: no per-step ``present`` copies), its
-    buffers' pages becoming resident only as rows are written, and the two page releases.
+    end of a conversation). What cuts memory is graph format 3 (an in-place KV cache: no per-step
+    ``present`` copies), its buffers' pages becoming resident only as rows are written, and the two page
+    releases.
     """
 
     cpu_arena: bool = True

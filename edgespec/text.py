@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -241,8 +241,9 @@ def encode_chat(tokenizer: Tokenizer, plain: Callable[[], Tokenizer], template: 
 
     Only the template's own markup produces control tokens: when a message holds the text of an added token
     (``<|im_end|>``), the template is rendered around placeholders and each content is encoded with
-    the tokenizer ``plain()`` returns (:func:`plain_text_tokenizer`; called only then, as it costs ~100 MB). Otherwise the rendered text is encoded as a whole, exactly as
-    Hugging Face's ``apply_chat_template(tokenize=True)`` does.
+    the tokenizer ``plain()`` returns (:func:`plain_text_tokenizer`; called only then, as it costs ~100 MB).
+    Otherwise the rendered text is encoded as a whole, exactly as Hugging Face's
+    ``apply_chat_template(tokenize=True)`` does.
 
     Raises:
         ValueError: invalid messages (see :func:`check_messages`) or a failing template.
