@@ -223,3 +223,21 @@ def test_the_server_repeats_a_seeded_request_whatever_its_cache_held(tiny_export
         assert texts == [plain] * 3
     finally:
         s.close()
+
+
+def test_the_acceptance_benchmark_runs_both_rules(tiny_export, home, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "bench" / "coupling_alpha.py"
+    out = tmp_path / "alpha.json"
+    r = subprocess.run([sys.executable, str(script), str(tiny_export), "--per-class", "1", "--seeds", "1",
+                        "--max-new-tokens", "12", "--out", str(out)], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, EDGESPEC_HOME=str(home)))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert 0 < rows["standard/all"]["alpha"] <= 1 and 0 < rows["gumbel/all"]["alpha"] <= 1
+    assert "| all |" in r.stdout
