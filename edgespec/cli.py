@@ -1,4 +1,4 @@
-"""``edgespec`` command line: export, chat, generate, serve, info (and bench/eval).
+"""``edgespec`` command line: export, chat, generate, complete, serve, info (and bench/eval).
 
 Every user error ends as one line on stderr and exit code 2 (1 for runtime failures); never a traceback.
 """
@@ -116,7 +116,7 @@ def _add_provider_options(p: argparse.ArgumentParser) -> None:
                    help="an option of the execution provider, e.g. backend_path=libQnnHtp.so (repeatable)")
 
 
-_COMMANDS = ("export", "chat", "generate", "serve", "bench", "eval", "info", "voice")
+_COMMANDS = ("export", "chat", "generate", "complete", "serve", "bench", "eval", "info", "voice")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,6 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", help="the user message (default: read stdin)")
     p.add_argument("--raw", action="store_true", help="no chat template: the prompt is fed as is")
     p.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
+
+    p = sub.add_parser("complete", help="fill in the middle: code before and after the cursor (FIM models)")
+    _add_generation_options(p)
+    from .fim_cli import add_arguments
+
+    add_arguments(p)
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the serve extra)")
     _add_generation_options(p)  # the sampling flags are the defaults of requests that do not set them
@@ -540,6 +546,10 @@ def _run(a) -> int:
         return _cmd_eval(a)
     if a.command == "generate":
         return _cmd_generate(a)
+    if a.command == "complete":
+        from .fim_cli import run_complete
+
+        return run_complete(a, _load, _gen_kwargs, _read_stdin)
     if a.command == "voice":
         from .voice.cli import run_voice
 

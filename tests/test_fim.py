@@ -315,3 +315,38 @@ def test_a_pair_without_fim_tokens_gets_400(plain_server):
                                                               "stream": False,
                                                               "options": {"num_predict": 3}}).encode())
     assert status == 200 and r["done"] and r["eval_count"] == 3
+
+
+# -- the command line ----------------------------------------------------------------------------------
+
+
+def _cli(home, *args, stdin: str | None = None):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "edgespec.cli", "complete", *map(str, args)], input=stdin,
+                          capture_output=True, text=True, env=dict(os.environ, EDGESPEC_HOME=str(home)), timeout=300)
+
+
+def test_complete_command_equals_plain_decoding(tiny_fim_export, home, fim_api, tmp_path):
+    (tmp_path / "before.py").write_text(PREFIX)
+    (tmp_path / "add.py").write_text(EXTRA[0]["text"])
+    want, _ = plain_middle(fim_api, FimPrompt(PREFIX, SUFFIX, ((str(tmp_path / "add.py"), EXTRA[0]["text"]),)), 16)
+    r = _cli(home, tiny_fim_export, "--prefix-file", tmp_path / "before.py", "--suffix-file", "-",
+             "--extra-file", tmp_path / "add.py", "--max-new-tokens", 16, "--json", stdin=SUFFIX)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["text"] == want and out["stats"]["mode"] == "spec" and out["stats"]["new_tokens"] <= 16
+    r = _cli(home, tiny_fim_export, "--prefix-text", PREFIX, "--suffix-text", SUFFIX, "--extra-file",
+             tmp_path / "add.py", "--max-new-tokens", 16, "--mode", "plain")
+    assert r.returncode == 0 and r.stdout == want, r.stderr
+
+
+def test_complete_command_errors_are_one_line(tiny_export, tiny_fim_export, home, tmp_path):
+    for args in ((tiny_export, "--prefix-text", "a"), (tiny_fim_export,),
+                 (tiny_fim_export, "--prefix-file", tmp_path / "missing.py"),
+                 (tiny_fim_export, "--prefix-file", "-", "--suffix-file", "-")):
+        r = _cli(home, *args)
+        assert r.returncode == 2 and r.stderr.startswith("edgespec: error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert "fill-in-the-middle" in _cli(home, tiny_export, "--prefix-text", "a").stderr
