@@ -350,3 +350,24 @@ def test_complete_command_errors_are_one_line(tiny_export, tiny_fim_export, home
         r = _cli(home, *args)
         assert r.returncode == 2 and r.stderr.startswith("edgespec: error: ") and r.stderr.count("\n") == 1, r.stderr
     assert "fill-in-the-middle" in _cli(home, tiny_export, "--prefix-text", "a").stderr
+
+
+# -- proposals -----------------------------------------------------------------------------------------
+
+
+def test_lookup_and_suffix_trees_see_the_suffix_and_the_other_files(fim_api):
+    from edgespec.lookup import ngram_lookup
+    from edgespec.suffix import SuffixTree
+
+    tok = fim_api.tokenizer
+    t = fim_tokens(tok)
+    line = "        self.value = value\n"
+    enc = lambda text: tok.encode(text, add_special_tokens=False).ids  # noqa: E731
+    in_suffix, in_file = enc(line + SUFFIX), enc(PREFIX + line)
+    cases = ((FimPrompt(PREFIX, line + SUFFIX), in_suffix[:3], in_suffix[3:8]),
+             (FimPrompt(PREFIX, SUFFIX, (("node.py", PREFIX + line),)), in_file[-8:-5], in_file[-5:]))
+    for p, start, rest in cases:  # the middle has begun the line that the suffix (or another file) holds
+        tokens = build_ids(tok, lambda: fim_api.plain_tokenizer, t, p) + start
+        assert ngram_lookup(tokens, len(rest)) == rest
+        tree, _, n = SuffixTree().candidates(tokens, 16)
+        assert n >= 2 and tree.tokens[:len(rest)] == rest[:len(tree.tokens)]
