@@ -170,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=_nonneg_int, default=8,
                    help="requests that may wait while one generates; more get 429 (default %(default)s)")
     p.add_argument("--max-body-bytes", type=_pos_int, default=4 << 20, help="larger request bodies get 413")
+    p.add_argument("--infill-samplers", choices=("refuse", "server"), default="refuse",
+                   help="/infill requests whose `samplers` list names one edgespec lacks (llama.cpp's `infill`, "
+                        "sent by llama.vscode and llama.vim): refuse them (400, default), or sample them with the "
+                        "server's settings instead (reported as generation_settings.samplers_replaced)")
 
     p = sub.add_parser("bench", help="plain vs speculative modes on a prompt set: JSON + PNG")
     p.add_argument("dir", nargs="?", help="export directory (default: the default pair)")
@@ -422,6 +426,7 @@ def _cmd_serve(a) -> int:
     sock = serve.listen(a.host, a.port)  # before loading: a port in use is said at once
     dec = _load(a)
     engine = serve.Engine(dec, _gen_kwargs(a, dec), a.max_queue, a.max_new_tokens)
+    engine.infill_samplers = a.infill_samplers
     return serve.serve(engine, sock, a.max_body_bytes)
 
 

@@ -48,6 +48,7 @@ class FimRequest:
     t_max_prompt_ms: float = 0.0
     cache_prompt: bool = True
     num_ctx: int | None = None
+    samplers_replaced: bool = False
     latency_budget_ms: float | None = None  # as openai_api.Request (the serve job builder reads it)
 
 
@@ -115,8 +116,13 @@ INFILL_FIELDS = {"input_prefix", "input_suffix", "input_extra", "prompt", "n_pre
                  "t_max_prompt_ms", "samplers", "id_slot", "model", "return_tokens", "n_probs"}
 
 
-def parse_infill(body) -> FimRequest:
+def parse_infill(body, samplers: str = "refuse") -> FimRequest:
     """A llama.cpp ``POST /infill`` body → :class:`FimRequest`. Raises RequestError (400).
+
+    ``samplers``: what to do with a request's ``samplers`` list: ``"refuse"`` one that names a sampler
+    edgespec does not implement (llama.cpp's ``infill``, which llama.vscode and llama.vim ask for), or
+    ``"server"``: replace the list by the server's own sampling settings (``edgespec serve --infill-samplers
+    server``; the response's ``generation_settings.samplers_replaced`` says so).
 
     ``n_predict`` (or ``max_tokens``): -1 = as many as the context holds, 0 = only evaluate the prompt into
     the cache; ``seed`` -1 = random; ``id_slot`` must be -1 or 0 (one slot); ``return_tokens`` and
@@ -138,7 +144,9 @@ def parse_infill(body) -> FimRequest:
     fields = dict(temperature=_float(body, "temperature", lambda v: 0 <= v <= 2, "in [0, 2]"),
                   top_p=_float(body, "top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
                   top_k=_int(body, "top_k", 0))
-    _samplers(body, fields)
+    replaced = samplers == "server" and body.get("samplers") is not None
+    if not replaced:
+        _samplers(body, fields)
     fim = FimPrompt(prefix=_text(body.get("input_prefix", ""), "input_prefix"),
                     suffix=_text(body.get("input_suffix", ""), "input_suffix"),
                     extra=_extra(body.get("input_extra")), prompt=_text(body.get("prompt", ""), "prompt"))
@@ -149,7 +157,7 @@ def parse_infill(body) -> FimRequest:
                       evaluate_only=n == 0, seed=None if seed in (None, -1) else seed, stop=_stop(body.get("stop")),
                       stream=_bool(body, "stream"), cache_prompt=cache_prompt, n_indent=_int(body, "n_indent", 0) or 0,
                       t_max_predict_ms=_ms(body, "t_max_predict_ms"), t_max_prompt_ms=_ms(body, "t_max_prompt_ms"),
-                      **fields)
+                      samplers_replaced=replaced, **fields)
 
 
 def _ms(body: dict, name: str) -> float:

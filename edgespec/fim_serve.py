@@ -98,7 +98,7 @@ def _settings(engine, job) -> dict:
             "seed": -1 if o.seed is None else o.seed, "stop": list(job.stops), "n_indent": m.n_indent,
             "t_max_predict_ms": m.t_max_predict_ms, "t_max_prompt_ms": m.t_max_prompt_ms,
             "cache_prompt": job.cache_prompt, "n_ctx": engine.decoder.context_length, "model": engine.model,
-            "speculative": bool(o.proposers)}
+            "speculative": bool(o.proposers), "samplers_replaced": getattr(job, "samplers_replaced", False)}
 
 
 def _stop_type(job, finish: str, stats) -> str:
@@ -148,6 +148,7 @@ def routes(engine, max_body_bytes: int) -> list:
         stop_ids = _tokens(engine).stop_ids if req.fim is not None else frozenset()
         client = request.client.host if replace and req.cache_prompt and request.client else None
         job = _job(engine, req, ids, asyncio.get_running_loop(), client, stop_ids)
+        job.samplers_replaced = req.samplers_replaced
         engine.submit(job)
         return req, job
 
@@ -161,7 +162,8 @@ def routes(engine, max_body_bytes: int) -> list:
 
     async def infill(request):
         try:
-            req, job = await start(request, parse_infill, lambda r: fim_ids(engine, r.fim), replace=True)
+            req, job = await start(request, lambda b: parse_infill(b, getattr(engine, "infill_samplers", "refuse")),
+                                   lambda r: fim_ids(engine, r.fim), replace=True)
         except RequestError as e:
             return JSONResponse(llama_error(e.status, e.message), status_code=e.status)
         except ClientDisconnect:

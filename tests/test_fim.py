@@ -154,6 +154,8 @@ def test_infill_fields():
     assert r.evaluate_only and r.temperature == 1.0 and (r.top_k, r.top_p) == (40, 0.9) and r.seed is None
     assert r.t_max_predict_ms == 500 and r.n_indent == 4 and not r.cache_prompt
     assert parse_infill({"n_predict": -1}).until_context
+    r = parse_infill({"samplers": ["top_k", "top_p", "infill"], "top_k": 40}, samplers="server")
+    assert r.samplers_replaced and r.temperature is None and r.top_k == 40
 
 
 @pytest.mark.parametrize("body, param", [
@@ -182,7 +184,8 @@ def test_ollama_generate_fields():
 def server(tiny_fim_export, home, tmp_path_factory):
     from test_serve import Server
 
-    s = Server(tiny_fim_export, home, tmp_path_factory.mktemp("serve_fim") / "server.log")
+    s = Server(tiny_fim_export, home, tmp_path_factory.mktemp("serve_fim") / "server.log", "--infill-samplers",
+               "server")
     yield s
     s.close()
 
@@ -305,12 +308,31 @@ def plain_server(tiny_export, home, tmp_path_factory):
     s.close()
 
 
+def test_llama_vscode_request_with_the_server_samplers(server, fim_api):
+    """llama.vscode's request (src/llama-server.ts): its `samplers` names llama.cpp's `infill` sampler, which
+    `--infill-samplers server` replaces by the server's own (greedy here), and says so."""
+    want, _ = plain_middle(fim_api, FimPrompt(PREFIX, SUFFIX, (("add.py", EXTRA[0]["text"]),), "        self"), 16)
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": EXTRA, "prompt": "        self",
+            "n_predict": 16, "top_k": 40, "top_p": 0.99, "stream": False, "samplers": ["top_k", "top_p", "infill"],
+            "cache_prompt": True, "n_indent": 4, "t_max_prompt_ms": 500000, "t_max_predict_ms": 500000}
+    status, r = server.post("/infill", json.dumps(body).encode())
+    assert status == 200, r
+    assert r["generation_settings"]["samplers_replaced"] is True and r["generation_settings"]["temperature"] == 0
+    cut = MiddleCutter(n_indent=4)
+    assert r["content"] == cut.push(want) + cut.flush()
+    warm = {**body, "input_prefix": "", "input_suffix": "", "prompt": "", "n_predict": 0, "samplers": [],
+            "t_max_predict_ms": 1}  # its context warm-up request
+    assert server.post("/infill", json.dumps(warm).encode())[0] == 200
+
+
 def test_a_pair_without_fim_tokens_gets_400(plain_server):
     for path, body in (("/infill", {"input_prefix": "a", "input_suffix": "b"}),
                        ("/api/generate", {"model": "m", "prompt": "a", "suffix": "b", "stream": False}),
                        ("/v1/completions", {"prompt": "a", "suffix": "b"})):
         status, r = plain_server.post(path, json.dumps(body).encode())
         assert status == 400 and "fill-in-the-middle" in json.dumps(r), (path, r)
+    status, r = plain_server.post("/infill", json.dumps({"input_prefix": "a", "samplers": ["infill"]}).encode())
+    assert status == 400 and "samplers" in r["error"]["message"]  # refused by default
     status, r = plain_server.post("/api/generate", json.dumps({"model": "m", "prompt": "def", "raw": True,
                                                               "stream": False,
                                                               "options": {"num_predict": 3}}).encode())
