@@ -8,8 +8,12 @@ llama.cpp, fresh caches for edgespec), up to ``--max-new-tokens``:
 - edgespec ``plain`` (the target alone) and its default mode (``adaptive+lookup``: prompt lookup first, then
   the draft model, adaptive K; one controller for the whole run, as ``edgespec serve`` keeps), on the FIM
   prompt of edgespec/fim.py (repo-level format, llama.cpp's default repository and file names);
-- llama.cpp's ``llama-server`` ``POST /infill`` with the same prefix and suffix on the export's own GGUFs:
-  ``plain`` and ``ngram`` (``--spec-type ngram-simple``); ``--peer-modes`` may add ``draft``.
+- llama.cpp's ``llama-server`` on the export's own GGUFs: ``POST /infill`` with the same prefix and suffix
+  (llama.cpp's own prompt, always repo-level for Qwen), ``plain`` and ``ngram`` (``--spec-type ngram-simple``);
+  and the same modes with ``@ids`` (``plain@ids``, ``ngram@ids``): ``POST /completion`` with edgespec's FIM
+  prompt as token ids, so both runtimes prefill and continue exactly the same tokens (the fair latency
+  comparison: on the Instruct pair the repo-level prompt runs on past the middle). ``--peer-modes`` may add
+  ``draft``.
 
 Reported per configuration: exact match and edit similarity against the removed lines, agreement with its own
 plain decoding (lossless: edgespec's default mode must equal edgespec plain), time to first token and
@@ -80,18 +84,24 @@ class EdgespecRunner:
 
 
 class LlamaInfillRunner:
-    """One llama.cpp configuration's ``/infill`` on a running ``LlamaServer``."""
+    """One llama.cpp configuration on a running ``LlamaServer``: ``/infill`` (its own FIM prompt), or with
+    ``ids`` ``/completion`` of edgespec's FIM prompt token ids (mode name ``<mode>@ids``)."""
 
     runtime = LLAMA
 
-    def __init__(self, server: LlamaServer, mode: PeerMode):
-        self.server, self.mode_name = server, mode.name
+    def __init__(self, server: LlamaServer, mode: PeerMode, ids: bool = False):
+        self.server, self.ids = server, ids
+        self.mode_name = mode.name + ("@ids" if ids else "")
 
     def run(self, task: Task, ids: list[int], n: int) -> dict:
-        body = {"input_prefix": task.prefix, "input_suffix": task.suffix, "input_extra": [], "prompt": "",
-                "n_predict": n, "temperature": 0.0, "top_k": 1, "cache_prompt": False, "stream": False}
+        common = {"n_predict": n, "temperature": 0.0, "top_k": 1, "cache_prompt": False, "stream": False}
+        if self.ids:
+            path, body = "/completion", {"prompt": list(map(int, ids)), **common}
+        else:
+            path, body = "/infill", {"input_prefix": task.prefix, "input_suffix": task.suffix, "input_extra": [],
+                                     "prompt": "", **common}
         t0 = time.perf_counter()
-        res = _post(self.server.url + "/infill", body, 600)
+        res = _post(self.server.url + path, body, 600)
         t = res.get("timings") or {}
         try:
             prompt_ms, gen_ms, k = float(t["prompt_ms"]), float(t["predicted_ms"]), int(t["predicted_n"])
@@ -123,7 +133,7 @@ def interleave(tasks: list[Task], encoded: list[list[int]], runners: list, n: in
                 progress()
     by = {(x["task"], x["runtime"], x["mode"]): x for x in runs}
     for x in runs:
-        plain = by.get((x["task"], x["runtime"], "plain"))
+        plain = by.get((x["task"], x["runtime"], "plain@ids" if x["mode"].endswith("@ids") else "plain"))
         x["same_as_plain"] = plain is not None and x["completion"] == plain["completion"]
         es = by.get((x["task"], EDGESPEC, "plain"))
         x["prompt_tokens_match"] = es is not None and x["prompt_tokens"] == es["prompt_tokens"]
@@ -206,7 +216,11 @@ def run(args) -> dict:
     from edgespec.progress import progress_bar
 
     modes = args.modes.split(",")
-    peer_modes = [PeerMode.parse(m) for m in args.peer_modes.split(",") if m]
+    peer_specs = [(PeerMode.parse(m.split("@")[0]), m.endswith("@ids")) for m in args.peer_modes.split(",") if m]
+    for name in args.peer_modes.split(","):
+        if "@" in name and not name.endswith("@ids"):
+            raise EdgespecError(f"unknown llama.cpp mode {name!r} (a mode, or a mode with @ids)")
+    peer_modes = list({pm.name: pm for pm, _ in peer_specs}.values())  # one server per mode
     if "plain" not in modes or (peer_modes and "plain" not in [p.name for p in peer_modes]):
         raise EdgespecError("--modes and --peer-modes must both include plain (the ratios are against it)")
     export = Path(args.export).expanduser() if args.export else paths.default_export_dir()
@@ -245,7 +259,7 @@ def run(args) -> dict:
             srv = LlamaServer(server_bin, pm.server_args(target, draft, args.threads, ctx),
                               cache_dir() / "logs" / f"llama-server-fim-{pm.name}.log")
             servers[pm.name] = stack.enter_context(srv)
-        ll = [LlamaInfillRunner(servers[pm.name], pm) for pm in peer_modes]
+        ll = [LlamaInfillRunner(servers[pm.name], pm, by_ids) for pm, by_ids in peer_specs]
         for r in ll:
             r.run(tasks[0], encoded[0], 4)  # warm-up
         runners = [r for pair in zip(es, ll) for r in pair] + es[len(ll):] + ll[len(es):]
@@ -262,7 +276,7 @@ def run(args) -> dict:
                                                    "server_commands": commands} if peer_modes else None,
         "machine": {"cpu": _cpu(), "cpus": os.cpu_count(), "platform": platform.platform(),
                     "loadavg_start": load_start, "loadavg_end": os.getloadavg()},
-        "settings": {"modes": modes, "peer_modes": [p.name for p in peer_modes], "files": args.files,
+        "settings": {"modes": modes, "peer_modes": [r.mode_name for r in ll], "files": args.files,
                      "per_file": args.per_file, "prefix_lines": args.prefix_lines, "suffix_lines": args.suffix_lines,
                      "max_new_tokens": args.max_new_tokens, "threads": args.threads, "seed": args.seed,
                      "greedy": True, "cold_cache": True},
@@ -278,8 +292,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("export", nargs="?", help="export directory (default: the default pair in the user cache)")
     ap.add_argument("--modes", default=f"plain,{DEFAULT_MODE}", help="edgespec bench modes (default: %(default)s)")
-    ap.add_argument("--peer-modes", default="plain,ngram",
-                    help="llama.cpp modes: plain, ngram, draft, draft<N> ('' for none; default: %(default)s)")
+    ap.add_argument("--peer-modes", default="plain,ngram,plain@ids,ngram@ids",
+                    help="llama.cpp modes: plain, ngram, draft, draft<N>; @ids: /completion of edgespec's prompt ids "
+                         "instead of /infill ('' for none; default: %(default)s)")
     ap.add_argument("--files", type=int, default=40, help="stdlib source files (default: %(default)s)")
     ap.add_argument("--per-file", type=int, default=1, help="blanked spans per file (default: %(default)s)")
     ap.add_argument("--prefix-lines", type=int, default=40, help="lines before the span (default: %(default)s)")

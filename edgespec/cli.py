@@ -116,7 +116,7 @@ def _add_provider_options(p: argparse.ArgumentParser) -> None:
                    help="an option of the execution provider, e.g. backend_path=libQnnHtp.so (repeatable)")
 
 
-_COMMANDS = ("export", "chat", "generate", "complete", "serve", "bench", "eval", "info", "voice")
+_COMMANDS = ("export", "chat", "generate", "serve", "bench", "eval", "info", "complete", "voice")
 
 
 def build_parser() -> argparse.ArgumentParser:

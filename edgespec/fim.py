@@ -2,11 +2,18 @@
 
 A FIM model (Qwen2.5-Coder) completes the code at a cursor from the code before it (prefix) and after it
 (suffix): ``<|fim_prefix|>`` prefix ``<|fim_suffix|>`` suffix ``<|fim_middle|>`` → the missing middle, ended
-by EOS, ``<|fim_pad|>`` or ``<|file_sep|>``. Other files of the repository go first, in the repo-level format
-of the Qwen2.5-Coder technical report (Hui et al. 2024, Fig. 4), which llama.cpp's ``/infill`` also writes::
+by EOS, ``<|fim_pad|>`` or ``<|file_sep|>``. Alone, the file is the file-level format of the Qwen2.5-Coder
+README; with other files of the repository, they go first in its repo-level format (Qwen2.5-Coder technical
+report, Hui et al. 2024, Fig. 4), which llama.cpp's ``/infill`` writes even without other files::
 
+    <|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>{prompt}
     <|repo_name|>{repo}\\n<|file_sep|>{path 1}\\n{text 1}<|file_sep|>{path 2}\\n{text 2}…
     <|file_sep|>{current path}\\n<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>{prompt}
+
+Why not always repo-level, as llama.cpp: the default pair's Qwen2.5-Coder-1.5B-*Instruct* target, asked for a
+one-line middle (two one-file prompts tried by hand), stopped after it in the file-level format and ran on past
+it (repeating the suffix, then prose) to the token limit with the repo-level header. With another file, all four
+layouts tried repeated the suffix after the middle.
 
 The tokens are looked up by name in the export's own tokenizer (never by hard-coded id); an export without
 them has no FIM (:func:`fim_tokens` returns None and the server answers 400). Text (prefix, suffix, files)
@@ -79,8 +86,8 @@ class FimPrompt:
 
 
 def build_ids(tokenizer, plain, tokens: FimTokens, p: FimPrompt) -> list[int]:
-    """The token ids (int) of the FIM prompt for ``p`` (the module docstring's layout; without the repo-level
-    tokens the extra files' text goes first, unmarked, as llama.cpp does).
+    """The token ids (int) of the FIM prompt for ``p`` (the module docstring's layout: file-level without extra
+    files; with them repo-level, or, without the repo-level tokens, their text first, unmarked, as llama.cpp).
 
     ``plain()`` returns a tokenizer that encodes control-token text as plain text
     (:func:`~edgespec.text.plain_text_tokenizer`); it is called only for text that holds such text.
@@ -98,7 +105,7 @@ def build_ids(tokenizer, plain, tokens: FimTokens, p: FimPrompt) -> list[int]:
         return tok.encode(text, add_special_tokens=False).ids
 
     ids: list[int] = []
-    if tokens.repo_level:
+    if p.extra and tokens.repo_level:
         ids += [tokens.repo_name] + enc(p.repo + "\n")
         for path, text in p.extra:
             ids += [tokens.file_sep] + enc(path + "\n") + enc(text if not text or text.endswith("\n") else text + "\n")

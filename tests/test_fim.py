@@ -61,6 +61,8 @@ def test_repo_level_prompt_layout(fim_api):
     assert decode(tok, ids) == ("<|repo_name|>myproject\n<|file_sep|>add.py\nx = 1\n<|file_sep|>filename\n"
                                 f"<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>        self")
     assert ids.count(t.prefix) == ids.count(t.suffix) == ids.count(t.middle) == 1 and ids[0] == t.repo_name
+    alone = build_ids(tok, lambda: fim_api.plain_tokenizer, t, FimPrompt(PREFIX, SUFFIX))  # one file: file-level
+    assert decode(tok, alone) == f"<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>"
 
 
 def test_control_token_text_in_code_stays_plain_text(fim_api):
@@ -393,3 +395,26 @@ def test_lookup_and_suffix_trees_see_the_suffix_and_the_other_files(fim_api):
         assert ngram_lookup(tokens, len(rest)) == rest
         tree, _, n = SuffixTree().candidates(tokens, 16)
         assert n >= 2 and tree.tokens[:len(rest)] == rest[:len(tree.tokens)]
+
+
+# -- the real pair -------------------------------------------------------------------------------------
+
+
+@pytest.mark.real
+def test_real_pair_fills_in_the_middle(real_export):
+    """Qwen2.5-Coder's FIM tokens at their ids (151659-151664), decoded as text; a one-line middle that the
+    suffix determines, the default mode equal to plain decoding."""
+    dec = SpecDecoder.load(real_export)
+    tok = dec.tokenizer
+    t = fim_tokens(tok)
+    assert (t.prefix, t.middle, t.suffix, t.pad, t.repo_name, t.file_sep) == tuple(range(151659, 151665))
+    assert decode(tok, [t.file_sep, 151657, t.prefix]) == "<|file_sep|><tool_call><|fim_prefix|>"
+    p = FimPrompt("def area(width, height):\n    ", "\n\n\nprint(area(3, 4))\n")
+    ids = build_ids(tok, lambda: dec.plain_tokenizer, t, p)
+    dec.stop_ids = dec.stop_ids | t.stop_ids
+    plain = dec.generate(input_ids=ids, max_new_tokens=24, proposers=()).run()
+    dec.reset()
+    spec = dec.generate(input_ids=ids, max_new_tokens=24, proposers=("lookup", "draft")).run()
+    print(repr(plain.text), plain.stats.stop_reason)
+    assert plain.stats.stop_reason == "stop_token" and "width * height" in plain.text
+    assert spec.text == plain.text

@@ -72,12 +72,17 @@ class H(BaseHTTPRequestHandler):
     def do_GET(self):
         self._send(200, {"status": "ok"})
     def do_POST(self):
-        assert self.path == "/infill", self.path
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        assert req["cache_prompt"] is False and req["temperature"] == 0.0 and req["input_extra"] == []
+        assert req["cache_prompt"] is False and req["temperature"] == 0.0
         n = req["n_predict"]
-        content = (req["input_suffix"].splitlines(keepends=True) or [""])[0]  # a deterministic "completion"
-        t = {"prompt_n": len(req["input_prefix"]) // 3, "prompt_ms": 50.0, "predicted_n": n,
+        if self.path == "/infill":
+            assert req["input_extra"] == []
+            content = (req["input_suffix"].splitlines(keepends=True) or [""])[0]  # a deterministic "completion"
+            prompt_n = len(req["input_prefix"]) // 3
+        else:
+            assert self.path == "/completion" and all(isinstance(i, int) for i in req["prompt"])
+            content, prompt_n = "pass\\n", len(req["prompt"])
+        t = {"prompt_n": prompt_n, "prompt_ms": 50.0, "predicted_n": n,
              "predicted_ms": 100.0 / (2 if spec else 1)}
         if spec:
             t.update(draft_n=2 * n, draft_n_accepted=n)
@@ -102,7 +107,8 @@ def test_whole_run_on_the_tiny_fim_pair_with_a_fake_server(tiny_fim_export, home
             "--out", str(out)]
     assert fim_bench.main(argv) == 0
     res = json.loads(out.with_suffix(".json").read_text())
-    labels = ["edgespec plain", "llama.cpp plain", "edgespec adaptive+lookup", "llama.cpp ngram"]
+    labels = ["edgespec plain", "llama.cpp plain", "edgespec adaptive+lookup", "llama.cpp ngram",
+              "llama.cpp plain@ids", "llama.cpp ngram@ids"]
     assert list(res["summary"]) == labels
     n = len(res["tasks"])
     assert n >= 1 and len(res["runs"]) == n * len(labels) and n + len(res["skipped_tasks"]) == 4
@@ -115,6 +121,9 @@ def test_whole_run_on_the_tiny_fim_pair_with_a_fake_server(tiny_fim_export, home
     assert s["edgespec plain"]["speedup_vs_edgespec_plain"] == pytest.approx(1.0)
     assert s["llama.cpp ngram"]["alpha"] == pytest.approx(0.5) and s["llama.cpp plain"]["alpha"] is None
     assert s["llama.cpp ngram"]["speedup_vs_llama.cpp_plain"] == pytest.approx(150 / 100)
+    # @ids: llama.cpp prefilled exactly edgespec's prompt tokens; /infill its own prompt
+    assert s["llama.cpp plain@ids"]["prompt_tokens_match"] == f"{n}/{n}"
+    assert s["llama.cpp ngram@ids"]["same_as_plain"] == f"{n}/{n}"
     for r in res["runs"]:
         assert 0 <= r["edit_similarity"] <= 1 and r["new_tokens"] <= 6 and r["latency_ms"] >= r["ttft_ms"] >= 0
     h = res["headline"]
