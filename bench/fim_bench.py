@@ -199,7 +199,8 @@ def table(result: dict) -> str:
         rows.append(f"| {rt} | {mode} | {s['exact_match']}/{s['tasks']} | {f(s['edit_similarity'], '{:.3f}')} | "
                     f"{s['same_as_plain']} | {f(s['ttft_ms_p50'])} | {f(s['latency_ms_p50'])} | "
                     f"{f(s['decode_tok_s_p50'], '{:.1f}')} | {f(s['alpha'], '{:.2f}')} | "
-                    f"{f(s['speedup_vs_edgespec_plain'], '{:.2f}x')} | {f(s['speedup_vs_llama.cpp_plain'], '{:.2f}x')} |")
+                    f"{f(s['speedup_vs_edgespec_plain'], '{:.2f}x')} | "
+                    f"{f(s['speedup_vs_llama.cpp_plain'], '{:.2f}x')} |")
     return "\n".join(rows)
 
 

@@ -5,8 +5,11 @@ a tiny export whose tokenizer has Qwen2.5-Coder's FIM tokens."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
-import urllib.error
+import time
 import urllib.request
 
 import pytest
@@ -274,8 +277,6 @@ def test_bad_requests_are_4xx_never_500(server, path, body):
 
 
 def test_a_newer_infill_from_the_same_client_replaces_an_unfinished_one(server, fim_api):
-    import time
-
     server.wait_idle()
     long = {"input_prefix": "def", "input_suffix": "\n", "n_predict": -1, "temperature": 0}
     _, reason = plain_middle(fim_api, FimPrompt("def", "\n"), 200)
@@ -345,10 +346,6 @@ def test_a_pair_without_fim_tokens_gets_400(plain_server):
 
 
 def _cli(home, *args, stdin: str | None = None):
-    import os
-    import subprocess
-    import sys
-
     return subprocess.run([sys.executable, "-m", "edgespec.cli", "complete", *map(str, args)], input=stdin,
                           capture_output=True, text=True, env=dict(os.environ, EDGESPEC_HOME=str(home)), timeout=300)
 
