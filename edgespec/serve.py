@@ -27,7 +27,12 @@ MAX_BODY_BYTES = 4 << 20
 class Job:
     """One queued generation. The worker thread posts ``(kind, ...)`` events to ``events`` on ``loop``:
     ``("text", str)``, then ``("done", finish_reason, stats, cached_tokens, queue_ms)`` or
-    ``("error", status, message)``."""
+    ``("error", status, message)``.
+
+    Completion jobs (:mod:`.fim_serve`) also set ``stop_ids`` (tokens that end this generation besides the
+    export's stop tokens), ``matcher`` (a :class:`~edgespec.fim.MiddleCutter` in place of the stop-string
+    matcher), ``evaluate_only`` (cache the prompt, generate nothing), ``cache_prompt`` (False: no KV reuse) and
+    ``client`` (a newer job of the same client replaces this one: it is cancelled with a 409)."""
 
     ids: list[int]
     overrides: dict
@@ -37,6 +42,12 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
     enqueued: float = field(default_factory=time.perf_counter)
+    stop_ids: frozenset = frozenset()
+    matcher: object = None
+    evaluate_only: bool = False
+    cache_prompt: bool = True
+    client: str | None = None
+    superseded: bool = False
 
     def post(self, *event) -> None:
         try:
@@ -62,6 +73,7 @@ class Engine:
         self.running = False
         self.counts = {"completed": 0, "cancelled": 0, "rejected": 0, "failed": 0}
         self._lock = threading.Lock()
+        self._latest: dict[str, Job] = {}  # client → its newest replaceable job
         self.model = decoder.manifest.name if decoder.manifest else "edgespec"
         self._thread = threading.Thread(target=self._work, name="edgespec-generate", daemon=True)
         self._thread.start()
@@ -78,6 +90,12 @@ class Engine:
                 raise RequestError(429, f"the server is busy ({self.waiting} requests waiting); retry later",
                                    code="rate_limit_exceeded", kind="rate_limit_error")
             self.waiting += 1
+            if job.client is not None:  # a newer completion from the same client replaces its unfinished one
+                old = self._latest.get(job.client)
+                if old is not None and not old.cancel.is_set():
+                    old.superseded = True
+                    old.cancel.set()
+                self._latest[job.client] = job
         self.jobs.put(job)
 
     def health(self) -> dict:
@@ -98,8 +116,9 @@ class Engine:
             with self._lock:
                 self.waiting -= 1
                 self.running = not job.cancel.is_set()
-                if not self.running:  # its client left while it waited
+                if not self.running:  # its client left (or replaced it) while it waited
                     self.counts["cancelled"] += 1
+                    _post_superseded(job)
                     continue
             try:
                 outcome = self._generate(job)
@@ -113,30 +132,44 @@ class Engine:
             with self._lock:
                 self.running = False
                 self.counts[outcome] += 1
+                if job.client is not None and self._latest.get(job.client) is job:
+                    del self._latest[job.client]
 
     def _generate(self, job: Job) -> str:
         from .decoder import _common_prefix
 
         d = self.decoder
         queue_ms = (time.perf_counter() - job.enqueued) * 1e3
+        if not job.cache_prompt:
+            d.reset()
         cached = min(_common_prefix(d.tokens, job.ids), len(job.ids) - 1, d.tcache.length)
+        if job.evaluate_only:
+            from .fim_serve import evaluate_only
+
+            return evaluate_only(d, job, cached, queue_ms)
         policy = _policy(self.gen_kwargs)
         saved = getattr(policy, _BUDGET_ATTR, None)
         if job.budget_ms is not None:  # this request's budget; the controller's learning carries over
             setattr(policy, _BUDGET_ATTR, job.budget_ms)
+        stop_ids = d.stop_ids
+        d.stop_ids = stop_ids | job.stop_ids  # this job's own end tokens (a FIM middle ends at <|file_sep|>)
         try:
             g = d.generate(input_ids=job.ids, **{**self.gen_kwargs, **job.overrides})
             return self._stream(job, g, cached, queue_ms)
         finally:
+            d.stop_ids = stop_ids
             if job.budget_ms is not None:
                 setattr(policy, _BUDGET_ATTR, saved)
 
     def _stream(self, job: Job, g, cached: int, queue_ms: float) -> str:
-        matcher, finish = StopMatcher(job.stops), None
+        matcher, finish = job.matcher or StopMatcher(job.stops), None
+        if hasattr(matcher, "start"):
+            matcher.start()
         chunks = g.chunks()
         try:
             for piece, _ in chunks:
                 if job.cancel.is_set():
+                    _post_superseded(job)
                     return "cancelled"
                 out = matcher.push(piece)
                 if out:
@@ -153,6 +186,11 @@ class Engine:
             finish = "stop" if g.stats.stop_reason == "stop_token" else "length"
         job.post("done", finish, g.stats, cached, queue_ms)
         return "completed"
+
+
+def _post_superseded(job: Job) -> None:
+    if job.superseded:  # its client is still waiting for an answer
+        job.post("error", 409, "cancelled: a newer completion request from the same client replaced it")
 
 
 # -- HTTP ----------------------------------------------------------------------------------------------
@@ -212,13 +250,17 @@ def _policy(gen_kwargs: dict):
 
 
 def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):
-    """The starlette application: /v1/chat/completions, /v1/completions, /v1/models, /health."""
+    """The starlette application: /v1/chat/completions, /v1/completions (``suffix``: fill in the middle),
+    /v1/models, /health, and the code-completion routes of :mod:`.fim_serve` (/infill, /api/generate,
+    /api/tags)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.concurrency import run_in_threadpool
     from starlette.requests import ClientDisconnect
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
+
+    from . import fim_serve
 
     def error(e: RequestError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
@@ -244,8 +286,14 @@ def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):
         try:
             body = await _read_json(request, max_body_bytes)
             req = parse_chat(body) if chat else parse_completion(body, engine.decoder.target.spec.vocab_size)
-            ids = await run_in_threadpool(encode, req)
+            suffix = None if chat else fim_serve.completion_suffix(body)
+            if suffix is None:
+                ids = await run_in_threadpool(encode, req)
+            else:  # OpenAI's insert mode: the prompt is the code before, the suffix the code after
+                ids = await run_in_threadpool(fim_serve.suffix_ids, engine, req, suffix)
             job = _job_for(engine, req, ids, asyncio.get_running_loop())
+            if suffix is not None:
+                fim_serve.mark_fim(engine, job)
             engine.submit(job)
         except RequestError as e:
             return error(e)
@@ -295,7 +343,7 @@ def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):
     routes = [Route("/v1/chat/completions", chat_completions, methods=["POST"]),
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/models", models, methods=["GET"]),
-              Route("/health", health, methods=["GET"])]
+              Route("/health", health, methods=["GET"]), *fim_serve.routes(engine, max_body_bytes)]
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
 
 

@@ -24,23 +24,49 @@ RENDER_SECONDS = 2.0  # a chat template that runs longer is stopped (a runaway l
 MAX_SIZE = 10_000_000  # largest int argument, string/list repetition or power a template may compute
 
 
+# Added tokens that Qwen2.5's own tokenizer configuration marks ``"special": false`` (ordinary text when decoded),
+# while a GGUF marks the six FIM/repository ones CONTROL, so an export converted from a GGUF has them special:
+# decoding keeps them as text (a FIM answer's ``<|file_sep|>`` is a file boundary, ``<tool_call>`` a tool call).
+# Source: tokenizer_config.json of Qwen/Qwen2.5-Coder-1.5B-Instruct, ids 151657-151664.
+TEXT_TOKENS = frozenset({"<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
+                         "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"})
+
+
+def control_ids(tokenizer: Tokenizer) -> frozenset[int]:
+    """Ids of the control tokens that decoding drops: the added tokens marked special, but :data:`TEXT_TOKENS`."""
+    return frozenset(i for i, t in tokenizer.get_added_tokens_decoder().items()
+                     if t.special and t.content not in TEXT_TOKENS)
+
+
+def decode(tokenizer: Tokenizer, ids, skip_special_tokens: bool = True, skip: frozenset[int] | None = None) -> str:
+    """Text of token ids (int). With ``skip_special_tokens``, control tokens (``<|im_end|>``) are dropped and
+    :data:`TEXT_TOKENS` kept as text, as the model's own tokenizer configuration says; ``skip``: precomputed
+    :func:`control_ids`."""
+    ids = [int(i) for i in ids]
+    if skip_special_tokens:
+        skip = control_ids(tokenizer) if skip is None else skip
+        ids = [i for i in ids if i not in skip]
+    return tokenizer.decode(ids, skip_special_tokens=False)
+
+
 class IncrementalDetokenizer:
     """Turns a growing token list into text pieces without ever emitting a partial UTF-8 character.
 
     Keeps a short window of already-emitted tokens as context (byte-level BPE and SentencePiece decoders
     depend on neighbours), decodes window+new, and emits only the part past the already-emitted text once
-    it no longer ends in U+FFFD. The concatenation of all pieces equals ``decode(all tokens)``.
+    it no longer ends in U+FFFD. The concatenation of all pieces equals :func:`decode` of all tokens (control
+    tokens dropped, :data:`TEXT_TOKENS` kept, unless ``skip_special_tokens`` is False: then every token is text).
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
         self.tok = tokenizer
-        self.skip = skip_special_tokens
+        self.skip = control_ids(tokenizer) if skip_special_tokens else frozenset()
         self.ids: list[int] = []
         self.prefix = 0  # start of the context window
         self.read = 0  # tokens whose text has been emitted
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tok.decode(ids, skip_special_tokens=self.skip)
+        return self.tok.decode([i for i in ids if i not in self.skip], skip_special_tokens=False)
 
     def push(self, ids) -> str:
         """Add token ids; returns the newly completed text (possibly empty)."""

@@ -82,6 +82,19 @@ def tiny_dirs(tmp_path_factory):
     }
 
 
+@pytest.fixture(scope="session")
+def tiny_fim_export(home, tmp_path_factory):
+    """fp32 export of a tiny qwen2 pair whose tokenizer has Qwen2.5-Coder's FIM tokens (special, as in an
+    export converted from a GGUF) and tool-call tokens (plain text)."""
+    from edgespec.export import ExportOptions, export_pair
+
+    root = tmp_path_factory.mktemp("hf_fim")
+    target = build_model(root / "target", "qwen2", seed=0, layers=2, hidden=64, fim=True)
+    draft = build_model(root / "draft", "qwen2", seed=0, noise=0.1, fim=True)
+    fp32 = ExportOptions(precision="fp32")
+    return export_pair(str(target), str(draft), tmp_path_factory.mktemp("exports") / "fim", fp32, fp32)
+
+
 def _pair(tmp_path_factory, tiny_dirs, name: str, draft: str, graph_format: int | None):
     from edgespec.export import ExportOptions, export_pair
 

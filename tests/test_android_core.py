@@ -41,14 +41,15 @@ def _npm_test(vectors: list[Path]) -> str:
     return out
 
 
-def test_core_on_the_tiny_exports(home, tiny_dirs, tiny_self_export, tmp_path_factory, tmp_path):
+def test_core_on_the_tiny_exports(home, tiny_dirs, tiny_self_export, tiny_fim_export, tmp_path_factory, tmp_path):
     from conftest import _pair
 
     make = _make_vectors()
     vectors = []
     pairs = [("pair2", _pair(tmp_path_factory, tiny_dirs, "core2", "draft", 2), 2000),
              ("pair3", _pair(tmp_path_factory, tiny_dirs, "core3", "draft", 3), 1000),
-             ("self", tiny_self_export, 500)]  # the self-pair's sampling check is mostly about full acceptance
+             ("self", tiny_self_export, 500),
+             ("fim", tiny_fim_export, 300)]  # its tokenizer has the FIM tokens (special) and tool-call tokens  # the self-pair's sampling check is mostly about full acceptance
     for name, d, draws in pairs:
         vectors.append(tmp_path / f"{name}.json")
         assert make([str(d), str(vectors[-1]), "--new-tokens", "24", "--draws", str(draws)]) == 0

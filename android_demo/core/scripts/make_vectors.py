@@ -19,6 +19,7 @@ import numpy as np
 
 from edgespec.decoder import SpecDecoder
 from edgespec.evaluate import NEAR_TIE_LOGIT_GAP
+from edgespec.text import decode
 
 CORPUS = [
     "def add(a, b):\n    return a + b\n",
@@ -29,6 +30,7 @@ CORPUS = [
     "<|im_start|>user\nhi<|im_end|>\n",
     "<|fim_prefix|>def f(x):\n<|fim_suffix|>\n    return x<|fim_middle|>",
     "<tool_call>{\"name\": \"ls\"}</tool_call>",
+    "<|fim_middle|>    return x\n<|file_sep|>b.py\n<|fim_pad|><|repo_name|>r<|im_end|><|endoftext|>",
 ]
 MESSAGES = [
     [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}],
@@ -61,9 +63,11 @@ def make_vectors(export_dir: Path, new_tokens: int, draws: int) -> dict:
     corpus = []
     for text in CORPUS:
         ids = tok.encode(text, add_special_tokens=False).ids
-        corpus.append({"text": text, "ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False),
-                       "decoded_skip_special": tok.decode(ids, skip_special_tokens=True)})
-    control = {t: tok.token_to_id(t) for t in ("<|fim_prefix|>", "<|im_start|>", "<|im_end|>", "<tool_call>")
+        # the runtime's decode: control tokens dropped, the non-special added tokens (FIM, tool calls) kept
+        corpus.append({"text": text, "ids": ids, "decoded": decode(tok, ids, skip_special_tokens=False),
+                       "decoded_skip_special": decode(tok, ids)})
+    control = {t: tok.token_to_id(t) for t in ("<|fim_prefix|>", "<|file_sep|>", "<|im_start|>", "<|im_end|>",
+                                               "<tool_call>")
                if tok.token_to_id(t) is not None}
     chats = []
     for messages in MESSAGES:
