@@ -37,7 +37,7 @@ def _llguidance():
 
 
 def _json_options() -> dict:
-    return {"whitespace_pattern": JSON_WHITESPACE, "item_separator": ", ", "key_separator": ": "}
+    return {"whitespace_pattern": JSON_WHITESPACE, "item_separator": ",", "key_separator": ":"}
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,8 @@ class Constraint:
             options.append({"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": params},
                             "required": ["name", "arguments"], "additionalProperties": False})
         body = options[0] if len(options) == 1 else {"anyOf": options}
-        body = {**body, "x-guidance": _json_options()}
+        # one line, as the template renders a call: ", " and ": " between items, no other whitespace
+        body = {**body, "x-guidance": {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}}
         o, c = (TOOL_OPEN, TOOL_CLOSE) if single_tokens else (f'"{TOOL_OPEN}"', f'"{TOOL_CLOSE}"')
         call = f'{o} "\\n" body "\\n" {c}'
         more = ' ("\\n" call)*' if parallel else ""

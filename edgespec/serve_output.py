@@ -51,9 +51,9 @@ class Choice:
             else:
                 i = len(self.tool_calls)
                 self.tool_calls.append(v.as_openai())
-                out.append({"tool_calls": [{"index": i, "id": v.id, "type": "function",
+                out.append({"text": None, "tool_calls": [{"index": i, "id": v.id, "type": "function",
                                             "function": {"name": v.name, "arguments": ""}}]})
-                out.append({"tool_calls": [{"index": i, "function": {"arguments": v.arguments}}]})
+                out.append({"text": None, "tool_calls": [{"index": i, "function": {"arguments": v.arguments}}]})
         if entries and self.formatter is not None:
             if not out:  # tokens whose text is held back: their logprobs ride on an empty delta
                 out.append({"text": "" if not self.chat else None})

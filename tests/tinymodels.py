@@ -60,12 +60,13 @@ def build_tokenizer(out: Path, vocab_size: int = 400, tools: bool = False):
 
 
 def build_model(out: Path, family: str = "qwen2", seed: int = 0, layers: int = 2, hidden: int = 64,
-                vocab: int = 512, noise: float = 0.0, noise_seed: int = 1, tools: bool = False) -> Path:
+                vocab: int = 512, noise: float = 0.0, noise_seed: int = 1, tools: bool = False,
+                context: int = 256) -> Path:
     """A random causal LM of ``family`` (qwen2 or llama) with the shared tiny tokenizer, saved to ``out``.
 
     ``noise`` > 0 perturbs every weight by that fraction of its std (seeded by ``noise_seed``): a draft
     that agrees with the seed-``seed`` model often but not always. ``tools``: the tokenizer with tool tokens
-    and the tools chat template (:func:`build_tokenizer`).
+    and the tools chat template (:func:`build_tokenizer`). ``context``: positions the model takes.
     """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -73,7 +74,7 @@ def build_model(out: Path, family: str = "qwen2", seed: int = 0, layers: int = 2
     cls, cfg_cls = {"qwen2": (Qwen2ForCausalLM, Qwen2Config), "llama": (LlamaForCausalLM, LlamaConfig)}[family]
     tok = build_tokenizer(out, tools=tools)
     cfg = cfg_cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
                   tie_word_embeddings=False, eos_token_id=tok.eos_token_id,
                   pad_token_id=tok.pad_token_id, bos_token_id=None)
     torch.manual_seed(seed)
