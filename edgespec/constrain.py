@@ -25,6 +25,7 @@ import numpy as np
 JSON_WHITESPACE = r"[ ]?|\n[ \t]{0,20}"
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 MASK_CACHE = 64  # masks kept (one per token prefix)
+LABELS = {"json_schema": "JSON schema", "json_object": "JSON object", "tool_calls": "tool call", "lark": "Lark grammar"}
 
 
 def _llguidance():
@@ -102,7 +103,7 @@ class Constraint:
     def _checked(cls, grammar: str, kind: str) -> "Constraint":
         err = _llguidance().LLMatcher.validate_grammar(grammar)
         if err:
-            raise ValueError(f"invalid {kind.replace('_', ' ')} grammar: {err.splitlines()[0]}")
+            raise ValueError(f"invalid {LABELS[kind]}: {err.splitlines()[0]}")
         return cls(grammar, kind)
 
     def _replace_kind(self, kind: str) -> "Constraint":
@@ -135,7 +136,7 @@ class Matcher:
         self.width, self.stop_ids = width, np.asarray(sorted(stop_ids), dtype=np.int64)
         self.m = llg.LLMatcher(ll_tokenizer(tokenizer, width, stop_ids), constraint.grammar, log_level=0)
         if self.m.is_error():
-            raise ValueError(f"the {constraint.kind.replace('_', ' ')} grammar does not compile: "
+            raise ValueError(f"the {LABELS[constraint.kind]} grammar does not compile: "
                              f"{self.m.get_error().splitlines()[0]}")
         self.consumed: list[int] = []
         self.cache: OrderedDict[tuple, np.ndarray] = OrderedDict()

@@ -168,3 +168,20 @@ def test_token_logprobs_top_alternatives():
     rows = np.log(np.array([[0.5, 0.3, 0.2]], dtype=np.float32))
     (e,) = token_logprobs(rows, [1], 2)
     assert e.logprob == pytest.approx(np.log(0.3)) and [t for t, _ in e.top] == [0, 1]
+
+
+def test_generate_json_schema_flag(tiny_export, home, tmp_path):
+    from test_cli import run as run_cli
+
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps(SCHEMA))
+    r = run_cli(["generate", str(tiny_export), "--prompt", "json", "--json", "--json-schema", str(schema),
+                 "--max-new-tokens", "120", "--temperature", "0.9", "--seed", "2"], home)
+    assert r.returncode == 0, r.stderr
+    jsonschema.validate(json.loads(json.loads(r.stdout)["text"]), SCHEMA)
+    for bad, why in (("nope.json", "No such file"), ("bad.json", "not JSON"), ("type.json", "invalid JSON schema")):
+        if bad != "nope.json":
+            (tmp_path / bad).write_text("{" if bad == "bad.json" else '{"type": "frobnicate"}')
+        r = run_cli(["generate", str(tiny_export), "--prompt", "x", "--json-schema", str(tmp_path / bad)], home)
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode != 0 and len(lines) == 1 and why in lines[0] and "Traceback" not in r.stderr, r.stderr
