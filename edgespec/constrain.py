@@ -120,7 +120,10 @@ def ll_tokenizer(tokenizer, width: int, stop_ids: Sequence[int]):
     hit = _TOKENIZERS.get(key)
     if hit is None or hit[0] is not tokenizer:
         llg = _llguidance()
-        hit = (tokenizer, llg.LLTokenizer(tokenizer.to_str(), n_vocab=width, eos_token=sorted(stop_ids)))
+        # llguidance wants every id the tokenizer has (a GGUF-converted Qwen's [PAD…] fillers too); masks are
+        # cut to ``width`` after
+        n_vocab = max(width, tokenizer.get_vocab_size(with_added_tokens=True))
+        hit = (tokenizer, llg.LLTokenizer(tokenizer.to_str(), n_vocab=n_vocab, eos_token=sorted(stop_ids)))
         _TOKENIZERS[key] = hit
     return hit[1]
 

@@ -50,13 +50,14 @@ def check_fields(body: dict, chat: bool) -> None:
 class Extras:
     """What a request asks beyond plain sampling. ``tools``: validated OpenAI tool objects (None: none);
     ``tool_choice``: ``auto``, ``none``, ``required`` or ``function`` (then ``tool_name``); ``response_format``:
-    ``text``, ``json_object`` or ``json_schema`` (then ``schema``); ``logprobs``: None (off) or how many
+    ``text``, ``json_object`` or ``json_schema`` (then ``schema``); ``parallel_tool_calls``: a constrained call
+    may be several (default one); ``logprobs``: None (off) or how many
     alternatives (0..20); penalties as :class:`~edgespec.processors.Processing`; ``echo``: prepend the prompt."""
 
     tools: tuple | None = None
     tool_choice: str = "none"
     tool_name: str | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool = False
     response_format: str = "text"
     schema: dict | None = None
     logprobs: int | None = None
@@ -206,7 +207,9 @@ def parse_extras(body: dict, chat: bool) -> Extras:
     lp = _logprobs(body, chat)
     if echo and lp is not None:
         raise _error("echo with logprobs (the prompt's logprobs) is not supported", "echo")
-    return Extras(tools, choice, name, parallel is not False, fmt, schema, lp,
+    # a required or named call is one call unless parallel_tool_calls is true (llama.cpp's default: on the
+    # real pair an unbounded grammar let the model go on inventing calls); auto returns every call it makes
+    return Extras(tools, choice, name, parallel is True, fmt, schema, lp,
                   _number(body, "presence_penalty", -2, 2, 0.0), _number(body, "frequency_penalty", -2, 2, 0.0),
                   _number(body, "repetition_penalty", 0.01, 100, 1.0), _logit_bias(body.get("logit_bias")),
                   bool(echo))

@@ -74,7 +74,7 @@ def test_a_tool_call_round_trip_streamed_equals_whole(server, choice):
     kw = dict(messages=ASK, tools=TOOLS, tool_choice=choice, temperature=0)
     r = chat(server, **kw)
     msg = r.choices[0].message
-    assert r.choices[0].finish_reason == "tool_calls" and msg.tool_calls and msg.content is None
+    assert r.choices[0].finish_reason == "tool_calls" and len(msg.tool_calls) == 1 and msg.content is None
     for call in msg.tool_calls:
         assert call.type == "function" and call.id.startswith("call_")
         spec = next(t["function"] for t in TOOLS if t["function"]["name"] == call.function.name)
@@ -92,6 +92,16 @@ def test_a_tool_call_round_trip_streamed_equals_whole(server, choice):
     final = chat(server, messages=follow, tools=TOOLS, temperature=0, max_tokens=30)
     assert final.choices[0].finish_reason in ("stop", "length") and final.choices[0].message.content
     assert final.usage.prompt_tokens > r.usage.prompt_tokens  # the call and its result are in the prompt
+
+
+def test_parallel_tool_calls_lets_a_required_call_be_several(server):
+    r = chat(server, messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=True, temperature=1.0,
+             seed=1, max_tokens=400)
+    calls = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason in ("tool_calls", "length") and calls
+    for c in calls:
+        spec = next(t["function"] for t in TOOLS if t["function"]["name"] == c.function.name)
+        jsonschema.validate(json.loads(c.function.arguments), spec["parameters"])
 
 
 def test_tools_need_a_template_that_renders_them(tiny_export, home, tmp_path):
