@@ -11,6 +11,8 @@ from .sampling import SamplingParams
 from .stats import GenerationStats
 from .text import IncrementalDetokenizer
 
+COUPLINGS = ("auto", "gumbel", "standard")
+
 
 @dataclass(frozen=True)
 class GenerationOptions:
@@ -26,6 +28,12 @@ class GenerationOptions:
     the target and the draft alike before sampling. ``logprobs`` (None: off; 0..20) records each emitted token's
     logprob and that many alternatives in ``stats.token_logprobs``.
 
+    ``coupling`` picks the sampling rule (greedy ignores it): ``"gumbel"`` is drafter-invariant seeded sampling
+    (:mod:`.coupling`: the output depends only on the seed and the target, never on K, the proposers or the
+    cache), ``"standard"`` the accept/reject rule of Leviathan et al. 2023 (:mod:`.sampling`: the same
+    distribution, but the random stream, and so the text, follows what speculation did); ``"auto"`` (default)
+    is ``"gumbel"`` when a ``seed`` is given and ``"standard"`` without one. ``"gumbel"`` without a seed draws one.
+
     Raises:
         ValueError: an invalid value (named in the message).
     """
@@ -39,6 +47,7 @@ class GenerationOptions:
     k: int = 4
     n_nodes: int = 8
     draft_p_min: float | None = None
+    coupling: str = "auto"
     processing: Processing | None = None
     logprobs: int | None = None
 
@@ -67,12 +76,22 @@ class GenerationOptions:
                 raise ValueError(f"{name} must be a number, got {v!r}")
         if self.draft_p_min is not None and not 0 <= self.draft_p_min <= 1:
             raise ValueError(f"draft_p_min must be in [0, 1], got {self.draft_p_min}")
+        if self.coupling not in COUPLINGS:
+            raise ValueError(f"coupling must be one of {', '.join(COUPLINGS)}, got {self.coupling!r}")
         if self.processing is not None and not isinstance(self.processing, Processing):
             raise ValueError(f"processing must be an edgespec.processors.Processing, got {self.processing!r}")
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
                                           or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             raise ValueError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
         self.sampling  # validates temperature, top_k, top_p
+
+    @property
+    def coupled(self) -> bool:
+        """Whether tokens are sampled by the Gumbel coupling (sampling, and ``coupling`` gumbel, or auto with a
+        seed)."""
+        if self.temperature == 0 or self.coupling == "standard":
+            return False
+        return self.coupling == "gumbel" or self.seed is not None
 
     @property
     def sampling(self) -> SamplingParams:

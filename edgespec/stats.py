@@ -52,6 +52,7 @@ class GenerationStats:
     stop_reason: str = ""
     latency_budget_ms: float | None = None
     provider: str = ""  # the execution provider the target ran on
+    coupling: str = ""  # how tokens were chosen: "greedy", "standard" (accept/reject) or "gumbel" (seeded)
     # with GenerationOptions.logprobs: one processors.TokenLogprob per emitted token (not in to_dict)
     token_logprobs: list = field(default_factory=list, repr=False)
 

@@ -185,3 +185,16 @@ def test_generate_json_schema_flag(tiny_export, home, tmp_path):
         r = run_cli(["generate", str(tiny_export), "--prompt", "x", "--json-schema", str(tmp_path / bad)], home)
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert r.returncode != 0 and len(lines) == 1 and why in lines[0] and "Traceback" not in r.stderr, r.stderr
+
+
+def test_seeded_sampling_under_processors_is_drafter_invariant(dec):
+    """With a seed (the Gumbel coupling) a sampled text depends only on the seed and the processed target: the
+    same under every proposer as plain, with a grammar and penalties on p and q."""
+    ids = dec.encode(messages=[{"role": "user", "content": "json please"}])
+    proc = Processing(presence_penalty=0.8, repetition_penalty=1.2, constraint=Constraint.json_schema(SCHEMA))
+    for seed in (1, 2):
+        plain = run(dec, ids, max_new_tokens=80, temperature=0.9, seed=seed, proposers=(), processing=proc)
+        assert plain.stats.coupling == "gumbel"
+        for mode in MODES.values():
+            assert run(dec, ids, max_new_tokens=80, temperature=0.9, seed=seed, processing=proc,
+                       **mode).token_ids == plain.token_ids
