@@ -19,7 +19,7 @@ from .kpolicy import FixedK, KPolicy, RoundPlan, RoundResult, Situation
 from .manifest import Manifest, load_manifest
 from .onnx_model import CPU, KVCache, OnnxLM, resolve_provider, use_shared_thread_pool
 from .pages import trim_heap
-from .processors import Pipeline, process_rows, token_logprobs
+from .processors import Pipeline, pipeline_for, process_rows, token_logprobs
 from .proposers import Proposer, resolve
 from .sampling import (SamplingParams, accept_reject, follow_choices, greedy_accept, probs, sample,
                        top1_probability, verify_tree)
@@ -71,8 +71,7 @@ class SpecDecoder:
         # the running generation's Gumbel coupling (seeded, drafter-invariant sampling), or None: proposers that
         # sample from q read it (see :mod:`.coupling`)
         self.coupling: GumbelCoupling | None = None
-        # logits processors (penalties, logit bias, a grammar; :mod:`.processors`) of the running generation,
-        # applied to every target and draft row; None: logits are used as they come
+        # the running generation's logits processors (:mod:`.processors`) for every target and draft row, or None
         self.processor: Pipeline | None = None
         self.logprobs_top: int | None = None  # report emitted tokens' logprobs with this many alternatives
         self.step_logprobs: list = []  # the last prefill's or round's TokenLogprob per committed token
@@ -404,7 +403,7 @@ class SpecDecoder:
         """
         o = options or GenerationOptions()
         proposers = self.proposers_for(o)
-        pipeline = self._pipeline(o, len(input_ids))
+        pipeline = pipeline_for(o.processing, self.tokenizer, self.width, self.stop_ids, len(input_ids))
         if len(input_ids) == 0:
             raise ValueError("the prompt is empty")
         if len(input_ids) >= self.context_length:
@@ -416,17 +415,6 @@ class SpecDecoder:
         drafts = any(p.uses_draft for p in proposers)
         stats.mode = "spec" if drafts else "+".join(p.name for p in proposers) or "plain"
         return self._generate(list(input_ids), o, proposers, policy, stats, pipeline)
-
-    def _pipeline(self, o: GenerationOptions, start: int) -> Pipeline | None:
-        """The options' logits processors for a prompt of ``start`` tokens (None: nothing to apply)."""
-        if o.processing is None or not o.processing.active:
-            return None
-        matcher = None
-        if o.processing.constraint is not None:
-            from .constrain import Matcher
-
-            matcher = Matcher(o.processing.constraint, self.tokenizer, self.width, self.stop_ids)
-        return Pipeline(o.processing, self.width, start, matcher)
 
     def _plan(self, policy: KPolicy, proposers: list[Proposer], cap: int, remaining: int) -> RoundPlan:
         """Ask the policy, then keep the plan feasible: only offered proposers, sizes within ``cap``, a catch-up

@@ -116,6 +116,20 @@ class Pipeline:
         return z
 
 
+def pipeline_for(processing: Processing | None, tokenizer, width: int, stop_ids, start: int) -> Pipeline | None:
+    """A generation's pipeline for a prompt of ``start`` tokens (None: nothing to apply); a constraint gets its
+    grammar matcher (:class:`~edgespec.constrain.Matcher`). Raises ValueError as :class:`Pipeline` and the
+    matcher do."""
+    if processing is None or not processing.active:
+        return None
+    matcher = None
+    if processing.constraint is not None:
+        from .constrain import Matcher
+
+        matcher = Matcher(processing.constraint, tokenizer, width, stop_ids)
+    return Pipeline(processing, width, start, matcher)
+
+
 def process_rows(pipeline: Pipeline, tokens: Sequence[int], tree, logits: np.ndarray) -> np.ndarray:
     """The target's verify rows processed: float32 (N+1, V) → float32 (N+1, width). Row 0 follows ``tokens``
     (the committed tokens, ``last`` included); row i+1 follows ``tokens`` + the path to proposal node i."""
