@@ -159,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", help="the user message (default: read stdin)")
     p.add_argument("--raw", action="store_true", help="no chat template: the prompt is fed as is")
     p.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
+    p.add_argument("--json-schema", metavar="FILE", default=None,
+                   help="constrain the output to JSON that validates against the JSON Schema in FILE "
+                        "(needs llguidance, extra serve)")
 
     p = sub.add_parser("complete", help="fill in the middle: code before and after the cursor (FIM models)")
     _add_generation_options(p)
@@ -397,14 +400,38 @@ def _gen_kwargs(a, decoder) -> dict:
     return dict(options=options, policy=_k_policy(a, decoder) if options.proposers else None)
 
 
+def _json_schema_constraint(path: str):
+    """The grammar of the JSON Schema in ``path``. Raises EdgespecError (one line): unreadable, not JSON, not
+    a schema llguidance compiles, or llguidance missing."""
+    from .constrain import Constraint
+
+    try:
+        schema = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise EdgespecError(f"--json-schema {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise EdgespecError(f"--json-schema {path}: not JSON ({str(e)[:80]})") from None
+    try:
+        return Constraint.json_schema(schema)
+    except ValueError as e:
+        raise EdgespecError(f"--json-schema {path}: {e}") from None
+
+
 def _cmd_generate(a) -> int:
     from .text import check_text
 
+    constraint = _json_schema_constraint(a.json_schema) if a.json_schema else None
     prompt = check_text(a.prompt, "--prompt") if a.prompt is not None else _read_stdin()
     if not prompt.strip():
         raise EdgespecError("empty prompt (give --prompt TEXT or text on stdin)")
     dec = _load(a)
     kw = _gen_kwargs(a, dec)
+    if constraint is not None:
+        import dataclasses
+
+        from .processors import Processing
+
+        kw["options"] = dataclasses.replace(kw["options"], processing=Processing(constraint=constraint))
     g = dec.generate(prompt, **kw) if a.raw else dec.generate(messages=[{"role": "user", "content": prompt}], **kw)
     if a.json:
         g.run()

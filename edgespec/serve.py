@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 from .openai_api import (Request, RequestError, StopMatcher, chunk_object, error_object, extension_object,
                          new_id, parse_chat, parse_completion, response_object, usage_object)
+from .serve_fields import encode_request, generation_overrides
+from .serve_output import Choice
 
 MAX_BODY_BYTES = 4 << 20
 
@@ -26,8 +28,9 @@ MAX_BODY_BYTES = 4 << 20
 @dataclass
 class Job:
     """One queued generation. The worker thread posts ``(kind, ...)`` events to ``events`` on ``loop``:
-    ``("text", str)``, then ``("done", finish_reason, stats, cached_tokens, queue_ms)`` or
-    ``("error", status, message)``.
+    ``("text", str)`` (``("text", str, [TokenLogprob])`` when ``logprobs``), then
+    ``("done", finish_reason, stats, cached_tokens, queue_ms)`` or ``("error", status, message)``. ``echo``:
+    text sent first (the prompt, for completions' ``echo``).
 
     Completion jobs (:mod:`.fim_serve`) also set ``stop_ids`` (tokens that end this generation besides the
     export's stop tokens), ``matcher`` (a :class:`~edgespec.fim.MiddleCutter` in place of the stop-string
@@ -48,6 +51,8 @@ class Job:
     cache_prompt: bool = True
     client: str | None = None
     superseded: bool = False
+    logprobs: bool = False
+    echo: str = ""
 
     def post(self, *event) -> None:
         try:
@@ -166,13 +171,20 @@ class Engine:
         if hasattr(matcher, "start"):
             matcher.start()
         chunks = g.chunks()
+        sent = 0  # tokens whose logprobs were posted (with job.logprobs)
+        if job.echo:
+            job.post("text", job.echo)
         try:
             for piece, _ in chunks:
                 if job.cancel.is_set():
                     _post_superseded(job)
                     return "cancelled"
                 out = matcher.push(piece)
-                if out:
+                if job.logprobs:  # the logprobs of the tokens consumed so far ride on the text they made
+                    n = len(g.token_ids)
+                    job.post("text", out, g.stats.token_logprobs[sent:n])
+                    sent = n
+                elif out:
                     job.post("text", out)
                 if matcher.hit:
                     finish = "stop"
@@ -233,10 +245,15 @@ def _job_for(engine: Engine, req: Request, ids: list[int], loop) -> Job:
     for name in ("temperature", "top_p", "top_k", "seed"):
         if getattr(req, name) is not None:
             o[name] = getattr(req, name)
+    o.update(generation_overrides(engine.decoder, req.extras))  # penalties, bias, grammar, logprobs
     if req.latency_budget_ms is not None and _policy(engine.gen_kwargs) is None:
         raise RequestError(400, "a latency budget needs adaptive K (the server runs a fixed K)",
                            "edgespec.latency_budget_ms")
-    return Job(list(ids), o, req.stop, req.latency_budget_ms, loop)
+    echo = ""
+    if req.extras is not None and req.extras.echo:
+        echo = req.prompt if req.prompt is not None else engine.decoder.tokenizer.decode(list(ids))
+    return Job(list(ids), o, req.stop, req.latency_budget_ms, loop,
+               logprobs=req.extras is not None and req.extras.logprobs is not None, echo=echo)
 
 
 _POLICY_KEY = "policy"  # the keyword of SpecDecoder.generate that takes the K policy
@@ -273,14 +290,7 @@ def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):
         return JSONResponse(error_object("internal error", "server_error"), status_code=500)
 
     def encode(req: Request) -> list[int]:
-        if req.prompt_ids is not None:
-            return list(req.prompt_ids)
-        try:
-            if req.messages is not None:
-                return engine.decoder.encode(messages=list(req.messages))
-            return engine.decoder.encode(req.prompt)
-        except ValueError as e:  # template refusal, empty prompt
-            raise RequestError(400, str(e), "messages" if req.messages is not None else "prompt") from None
+        return encode_request(engine.decoder, req)
 
     async def complete(request, chat: bool):
         try:
@@ -301,10 +311,11 @@ def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):
             return Response(status_code=499)
         rid = new_id("chatcmpl" if chat else "cmpl")
         if req.stream:
-            return StreamingResponse(_sse(job, request, chat, rid, engine.model, req.include_usage),
+            return StreamingResponse(_sse(job, request, chat, rid, engine.model, req.include_usage,
+                                          Choice(chat, req.extras, engine.decoder.tokenizer)),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         watcher = asyncio.ensure_future(_wait_disconnect(request))
-        text = []
+        choice = Choice(chat, req.extras, engine.decoder.tokenizer)
         try:
             while True:
                 getter = asyncio.ensure_future(job.events.get())
@@ -314,15 +325,18 @@ def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):
                     return Response(status_code=499)
                 ev = getter.result()
                 if ev[0] == "text":
-                    text.append(ev[1])
+                    choice.push(ev[1], ev[2] if len(ev) > 2 else ())
                 elif ev[0] == "error":
                     return JSONResponse(error_object(ev[2], "invalid_request_error" if ev[1] < 500 else "server_error"),
                                         status_code=ev[1])
                 else:
                     _, finish, stats, cached, queue_ms = ev
-                    return JSONResponse(response_object(chat, rid, engine.model, "".join(text), finish,
+                    choice.flush()
+                    return JSONResponse(response_object(chat, rid, engine.model, choice.text,
+                                                        choice.finish_reason(finish),
                                                         usage_object(len(job.ids), stats.new_tokens, cached),
-                                                        extension_object(stats, queue_ms)))
+                                                        _extension(stats, queue_ms, choice), choice.tool_calls,
+                                                        choice.logprobs()))
         finally:
             job.cancel.set()
             watcher.cancel()
@@ -351,9 +365,17 @@ def _sse_line(obj) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n\n"
 
 
-async def _sse(job: Job, request, chat: bool, rid: str, model: str, include_usage: bool):
-    """Server-sent events: text deltas, a closing chunk (finish_reason and the ``edgespec`` figures), the
-    usage chunk if asked for, then ``data: [DONE]``. Leaving early (client gone) cancels the job."""
+def _extension(stats, queue_ms: float, choice: Choice) -> dict:
+    ext = extension_object(stats, queue_ms)
+    if choice.invalid_tool_calls:  # <tool_call> blocks that did not parse: left in the content as text
+        ext["invalid_tool_calls"] = choice.invalid_tool_calls
+    return ext
+
+
+async def _sse(job: Job, request, chat: bool, rid: str, model: str, include_usage: bool, choice: Choice):
+    """Server-sent events: text deltas (and tool-call deltas, through ``choice``), a closing chunk
+    (finish_reason and the ``edgespec`` figures), the usage chunk if asked for, then ``data: [DONE]``. Leaving
+    early (client gone) cancels the job."""
     watcher = asyncio.ensure_future(_wait_disconnect(request))
     watcher.add_done_callback(lambda _: job.cancel.set())
     try:
@@ -362,14 +384,17 @@ async def _sse(job: Job, request, chat: bool, rid: str, model: str, include_usag
         while True:
             ev = await job.events.get()
             if ev[0] == "text":
-                yield _sse_line(chunk_object(chat, rid, model, ev[1]))
+                for d in choice.push(ev[1], ev[2] if len(ev) > 2 else ()):
+                    yield _sse_line(chunk_object(chat, rid, model, **d))
             elif ev[0] == "error":
                 yield _sse_line(error_object(ev[2], "server_error" if ev[1] >= 500 else "invalid_request_error"))
                 break
             else:
                 _, finish, stats, cached, queue_ms = ev
-                last = chunk_object(chat, rid, model, None, finish)
-                last["edgespec"] = extension_object(stats, queue_ms)
+                for d in choice.flush():
+                    yield _sse_line(chunk_object(chat, rid, model, **d))
+                last = chunk_object(chat, rid, model, None, choice.finish_reason(finish))
+                last["edgespec"] = _extension(stats, queue_ms, choice)
                 yield _sse_line(last)
                 if include_usage:
                     u = chunk_object(chat, rid, model, None)

@@ -193,6 +193,14 @@ def _sandbox():
     return Sandbox
 
 
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    """Hugging Face's ``tojson`` for chat templates (transformers' ``chat_template_utils``): plain
+    ``json.dumps``, keys in their order, no HTML escaping (jinja2's own sorts keys and escapes ``<``)."""
+    import json
+
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 class ChatTemplate:
     """A Hugging Face style Jinja chat template rendered in jinja2's immutable sandbox, bounded in time
     (:data:`RENDER_SECONDS`) and in the size of values it builds.
@@ -209,7 +217,8 @@ class ChatTemplate:
 
         env = _sandbox()(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
-        self.name = name
+        env.filters["tojson"] = _tojson
+        self.name, self.source = name, source
         try:
             self.template = env.from_string(source)
         except TemplateSyntaxError as e:
@@ -218,8 +227,9 @@ class ChatTemplate:
             raise EdgespecError(f"{name}: chat template too deeply nested") from None
         self.bos_token, self.eos_token = bos_token, eos_token
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The prompt text for ``messages`` (``[{"role": ..., "content": ...}]``).
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+        """The prompt text for ``messages`` (``[{"role": ..., "content": ...}]``); ``tools`` (OpenAI tool objects)
+        are passed to the template as ``tools`` when given, as Hugging Face's ``apply_chat_template`` does.
 
         Raises:
             ValueError: the template raised (``raise_exception``, an undefined name, a sandbox violation,
@@ -227,8 +237,9 @@ class ChatTemplate:
         """
         try:
             with _time_bound(RENDER_SECONDS):
+                extra = {"tools": tools} if tools else {}
                 out = self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                           bos_token=self.bos_token, eos_token=self.eos_token)
+                                           bos_token=self.bos_token, eos_token=self.eos_token, **extra)
         except _RenderTimeout:
             raise ValueError(f"{self.name}: rendering took longer than {RENDER_SECONDS:g} s "
                              "(a runaway loop in the chat template?)") from None
@@ -262,27 +273,27 @@ def plain_text_tokenizer(tokenizer: Tokenizer) -> Tokenizer:
 
 
 def encode_chat(tokenizer: Tokenizer, plain: Callable[[], Tokenizer], template: ChatTemplate, messages: list[dict],
-                add_generation_prompt: bool = True) -> list[int]:
+                add_generation_prompt: bool = True, tools: list[dict] | None = None) -> list[int]:
     """Token ids of ``messages`` rendered with ``template``; message content is plain text.
 
     Only the template's own markup produces control tokens: when a message holds the text of an added token
     (``<|im_end|>``), the template is rendered around placeholders and each content is encoded with
     the tokenizer ``plain()`` returns (:func:`plain_text_tokenizer`; called only then, as it costs ~100 MB).
     Otherwise the rendered text is encoded as a whole, exactly as Hugging Face's
-    ``apply_chat_template(tokenize=True)`` does.
+    ``apply_chat_template(tokenize=True)`` does. ``tools`` go to the template (:meth:`ChatTemplate.render`).
 
     Raises:
         ValueError: invalid messages (see :func:`check_messages`) or a failing template.
     """
     messages = check_messages(messages)
-    text = template.render(messages, add_generation_prompt)
+    text = template.render(messages, add_generation_prompt, tools)
     added = [t.content for t in tokenizer.get_added_tokens_decoder().values() if t.content]
     if not any(a in m["content"] for m in messages for a in added):
         return tokenizer.encode(text, add_special_tokens=False).ids
     marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
     if any("\ue000" in m["content"] for m in messages):
         raise ValueError("message content holds the private-use character U+E000; cannot keep it plain text")
-    skeleton = template.render([{**m, "content": mk} for m, mk in zip(messages, marks)], add_generation_prompt)
+    skeleton = template.render([{**m, "content": mk} for m, mk in zip(messages, marks)], add_generation_prompt, tools)
     ids: list[int] = []
     rest = skeleton
     plain = plain()

@@ -110,6 +110,17 @@ def tiny_export(home, tiny_dirs, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_tool_export(home, tmp_path_factory):
+    """The tiny pair (same seeds) with ``<tool_call>``/``</tool_call>`` added tokens and a Qwen2.5-style tools
+    chat template (:data:`tinymodels.TOOLS_CHATML`); a context of 2,048 (tool definitions are long prompts in
+    the tiny vocabulary)."""
+    root = tmp_path_factory.mktemp("hf_tools")
+    dirs = {"target": build_model(root / "target", "qwen2", seed=0, tools=True, context=2048),
+            "draft": build_model(root / "draft", "qwen2", seed=0, noise=0.1, tools=True, context=2048)}
+    return _pair(tmp_path_factory, dirs, "tools", "draft", None)
+
+
+@pytest.fixture(scope="session")
 def tiny_self_export(home, tiny_dirs, tmp_path_factory):
     """The tiny target as its own draft (same graph): every draft token must be accepted."""
     return _pair(tmp_path_factory, tiny_dirs, "self", "target", None)
