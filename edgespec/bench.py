@@ -280,15 +280,35 @@ def run_bench(export_dir: str | Path, modes: list[str], prompts: list[Prompt], m
     result = {
         "export": str(export_dir), "modes": modes, "max_new_tokens": max_new_tokens, "temperature": temperature,
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": _cpus(),
+                    **cpu_model(),
                     "provider": spec.target.provider, "provider_requested": provider,
                     "provider_options": provider_options or {}, "threads": threads},
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_after_load_mb": rss_loaded,
         "controller_sessions": sessions, "runs": runs, "skipped_prompts": skipped, "summary": summarize(runs, modes),
     }
+    # after the timed runs: how far a K+1-row verify and a one-token step differ on this CPU (evaluate.kernel_noise)
+    from .evaluate import kernel_noise
+
+    fits = [p for i, p in enumerate(prompts) if i not in skipped][:1]
+    result["kernel_noise"] = kernel_noise(spec, [spec.encode(messages=list(p.messages)) for p in fits],
+                                          ks=(1, 2, 4), max_new_tokens=min(32, max_new_tokens))
     if cost:
         result["cost_curve"] = cost_curve(spec)
         result["predicted"] = predicted_speedups(result["cost_curve"], result["summary"])
     return result
+
+
+def cpu_model() -> dict:
+    """``cpu_model`` (the model name) and ``cpu_flags`` (those of AVX2 / AVX-512 / VNNI / AMX it has) from
+    /proc/cpuinfo, which tell the int4 kernels onnxruntime runs (empty where there is no /proc/cpuinfo)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {"cpu_model": "", "cpu_flags": []}
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
+    return {"cpu_model": model, "cpu_flags": [f for f in wanted if f in flags]}
 
 
 def format_bench(result: dict) -> str:

@@ -12,6 +12,7 @@ from typing import Iterator
 
 import numpy as np
 
+from .coupling import GumbelCoupling
 from .generation import Generation, GenerationOptions
 from .integrity import check_files, check_tokenizer, tokenizer_width
 from .kpolicy import FixedK, KPolicy, RoundPlan, RoundResult, Situation
@@ -19,8 +20,8 @@ from .manifest import Manifest, load_manifest
 from .onnx_model import CPU, KVCache, OnnxLM, resolve_provider, use_shared_thread_pool
 from .pages import trim_heap
 from .proposers import Proposer, resolve
-from .sampling import (SamplingParams, accept_reject, greedy_accept, probs, sample, top1_probability,
-                       verify_tree)
+from .sampling import (SamplingParams, accept_reject, follow_choices, greedy_accept, probs, sample,
+                       top1_probability, verify_tree)
 from .stats import GenerationStats
 from .text import ChatTemplate, check_text, encode_chat, load_template, load_tokenizer, plain_text_tokenizer
 from .tree import TokenTree
@@ -66,6 +67,9 @@ class SpecDecoder:
         self._plain_tokenizer = None  # built on first use: a second tokenizer costs ~100 MB for Qwen's vocabulary
         self.kept_ids = None  # int64 (N,): target ids of a pruned draft head's N outputs
         self._generation = 0  # counts generations, so that an abandoned one does not report its end late
+        # the running generation's Gumbel coupling (seeded, drafter-invariant sampling), or None: proposers that
+        # sample from q read it (see :mod:`.coupling`)
+        self.coupling: GumbelCoupling | None = None
         if draft is not None and draft.spec.kept_token_ids:
             self.kept_ids = np.load(Path(draft.export_dir) / draft.spec.kept_token_ids).astype(np.int64)
         self.reset()
@@ -209,16 +213,19 @@ class SpecDecoder:
 
     # -- the steps -------------------------------------------------------------------------------------
 
-    def prefill(self, ids: list[int], sp: SamplingParams, rng: np.random.Generator) -> int:
+    def prefill(self, ids: list[int], sp: SamplingParams, rng: np.random.Generator,
+                coupling: GumbelCoupling | None = None) -> int:
         """Run the prompt ``ids`` through the target, reusing the cached common prefix with the previous call,
-        and commit the first new token sampled from the last position's p (returned). Afterwards a round can
-        start: ``tokens`` = ids + [token]."""
+        and commit the first new token sampled from the last position's p (returned): drawn with ``rng``, or
+        the race choice of ``coupling`` at position len(ids). Afterwards a round can start: ``tokens`` = ids +
+        [token]."""
         keep = min(_common_prefix(self.tokens, ids), len(ids) - 1)
         self.tcache.crop(keep)  # drop what the new prompt does not share
         if self.dcache is not None:
             self.dcache.crop(keep)
         self.tokens = list(ids)
-        x = sample(probs(feed(self.target, ids[self.tcache.length:], self.tcache), sp), rng)
+        p = probs(feed(self.target, ids[self.tcache.length:], self.tcache), sp)
+        x = coupling.choose(p, len(ids)) if coupling is not None and not sp.greedy else sample(p, rng)
         self.tokens.append(x)
         return x
 
@@ -236,8 +243,13 @@ class SpecDecoder:
         best = int(np.argmax(logits if self.kept_ids is not None else logits[:self.width]))
         return int(self.kept_ids[best]) if self.kept_ids is not None else best
 
-    def run_round(self, plan: RoundPlan, sp: SamplingParams, rng: np.random.Generator) -> RoundResult:
+    def run_round(self, plan: RoundPlan, sp: SamplingParams, rng: np.random.Generator,
+                  coupling: GumbelCoupling | None = None) -> RoundResult:
         """One target run: plan → propose → verify → accept → roll back → catch up; commits the new tokens.
+
+        ``coupling`` (seeded sampling, :mod:`.coupling`): every token is the race choice of its position, a
+        proposal token is accepted iff it is the target's choice; else ``rng`` drives the rule of
+        :mod:`.sampling`. Greedy ignores both.
 
         Invariant on entry and exit: the target cache holds positions 0..L-1 of ``tokens``; ``tokens[L]``
         (``last``) is committed but not cached; the draft cache holds 0..Ld-1 with Ld ≤ L (it lags after
@@ -246,6 +258,7 @@ class SpecDecoder:
         """
         t0 = time.perf_counter()
         L = len(self.tokens) - 1
+        self.coupling = coupling if not sp.greedy else None
         # 1. propose: a token tree with its q (a chain: parents i-1; a plain step: no tokens)
         prop = plan.proposer.propose(self, plan.size, sp, rng) if plan.size > 0 else None
         tree = prop.tree if prop is not None else TokenTree()
@@ -254,7 +267,7 @@ class SpecDecoder:
         logits = self._verify(L, tree)
         # 3. accept: the rule of sampling.py — min(1, p/q) per token, a correction from norm(max(0, p - q)),
         #    or a bonus token from p after the last accepted one
-        path, x = self._accept(tree, logits, sp, rng)
+        path, x = self._accept(tree, logits, sp, rng, L)
         # 4. roll back: keep the accepted path's KV entries, then commit
         self._roll_back(L, path, draft_kept=min(len(path), prop.draft_rows) if prop is not None else 0)
         self.tokens += [tree.tokens[i] for i in path] + [x]
@@ -269,7 +282,7 @@ class SpecDecoder:
             depths=tuple(tree.depth), accepted=len(path), bonus=not tree.children.get(path[-1] if path else -1),
             draft_ms=draft_ms, round_ms=(time.perf_counter() - t0) * 1e3,
             draft_step_ms=float(np.median(steps)) if steps else None, catchup_ms=catchup_ms,
-            catchup_tokens=catchup_tokens, logits=logits[-1] if not len(tree) else None)
+            catchup_tokens=catchup_tokens, logits=logits[-1] if not len(tree) else None, tree=tree, start=L)
 
     def _verify(self, L: int, tree: TokenTree) -> np.ndarray:
         """2. The target's logits float32 (N+1, V) for `last` and the N proposal tokens: a chain with the
@@ -284,10 +297,16 @@ class SpecDecoder:
         return self.target.forward(ids, self.tcache, pos, mask)
 
     def _accept(self, tree: TokenTree, logits: np.ndarray, sp: SamplingParams,
-                rng: np.random.Generator) -> tuple[list[int], int]:
+                rng: np.random.Generator, L: int) -> tuple[list[int], int]:
         """3. (accepted node indices, the correction or bonus token). Chains take the fast paths
         (:func:`greedy_accept`, :func:`accept_reject`); trees the walk :func:`verify_tree`; all share
-        :func:`~edgespec.sampling.accept_candidates`. A fixed proposal (no q) has one-hot q."""
+        :func:`~edgespec.sampling.accept_candidates`. A fixed proposal (no q) has one-hot q. Under a coupling
+        (``self.coupling``) the walk :func:`follow_choices` takes the race choice of p at each row's position
+        (L + 1 + the node's depth) and keeps a proposal token iff it is that choice."""
+        if self.coupling is not None:
+            c = self.coupling
+            return follow_choices(tree, lambda node: c.choose(probs(logits[node + 1], sp),
+                                                              L + 1 + (tree.depth[node] if node >= 0 else 0)))
         if not tree.is_chain:
             return verify_tree(tree, probs(logits, sp), sp, rng)
         drafted = np.asarray(tree.tokens, dtype=np.int64)
@@ -383,8 +402,13 @@ class SpecDecoder:
         stats.prompt_tokens = len(input_ids)
         sp = o.sampling
         rng = np.random.default_rng(o.seed)
+        coupling = None
+        if o.coupled:
+            seed = o.seed if o.seed is not None else int(np.random.SeedSequence().entropy % (1 << 64))
+            coupling = GumbelCoupling(seed, self.width)
+        stats.coupling = "gumbel" if coupling is not None else ("greedy" if sp.greedy else "standard")
         t_start = time.perf_counter()
-        new, result = [self.prefill(input_ids, sp, rng)], None
+        new, result = [self.prefill(input_ids, sp, rng, coupling)], None
         stats.prefill_ms = (time.perf_counter() - t_start) * 1e3
         self._generation = generation = self._generation + 1
         policy.begin()
@@ -414,7 +438,7 @@ class SpecDecoder:
                     stats.stop_reason = "context"
                     break
                 cap = min(remaining - 1, self.context_length - 1 - L)  # also caps a tree's node count
-                result = self.run_round(self._plan(policy, proposers, cap, remaining), sp, rng)
+                result = self.run_round(self._plan(policy, proposers, cap, remaining), sp, rng, coupling)
                 policy.observe(result)
                 if result.logits is not None and proposers:  # the target's top-1 probability, temperature 1
                     policy.observe_confidence(top1_probability(result.logits))

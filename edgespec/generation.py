@@ -10,6 +10,8 @@ from .sampling import SamplingParams
 from .stats import GenerationStats
 from .text import IncrementalDetokenizer
 
+COUPLINGS = ("auto", "gumbel", "standard")
+
 
 @dataclass(frozen=True)
 class GenerationOptions:
@@ -21,6 +23,12 @@ class GenerationOptions:
     K policy, each round drafts a fixed ``k`` tokens (K, the draft length) or, from a tree proposer, a tree of
     ``n_nodes``. ``draft_p_min`` stops a draft chain once the draft's top probability falls below it.
     ``temperature`` 0 is greedy; ``top_k`` 0 and ``top_p`` 1 are off.
+
+    ``coupling`` picks the sampling rule (greedy ignores it): ``"gumbel"`` is drafter-invariant seeded sampling
+    (:mod:`.coupling`: the output depends only on the seed and the target, never on K, the proposers or the
+    cache), ``"standard"`` the accept/reject rule of Leviathan et al. 2023 (:mod:`.sampling`: the same
+    distribution, but the random stream, and so the text, follows what speculation did); ``"auto"`` (default)
+    is ``"gumbel"`` when a ``seed`` is given and ``"standard"`` without one. ``"gumbel"`` without a seed draws one.
 
     Raises:
         ValueError: an invalid value (named in the message).
@@ -35,6 +43,7 @@ class GenerationOptions:
     k: int = 4
     n_nodes: int = 8
     draft_p_min: float | None = None
+    coupling: str = "auto"
 
     def __post_init__(self):
         if isinstance(self.proposers, (str, Proposer)) or not hasattr(self.proposers, "__iter__"):
@@ -61,7 +70,17 @@ class GenerationOptions:
                 raise ValueError(f"{name} must be a number, got {v!r}")
         if self.draft_p_min is not None and not 0 <= self.draft_p_min <= 1:
             raise ValueError(f"draft_p_min must be in [0, 1], got {self.draft_p_min}")
+        if self.coupling not in COUPLINGS:
+            raise ValueError(f"coupling must be one of {', '.join(COUPLINGS)}, got {self.coupling!r}")
         self.sampling  # validates temperature, top_k, top_p
+
+    @property
+    def coupled(self) -> bool:
+        """Whether tokens are sampled by the Gumbel coupling (sampling, and ``coupling`` gumbel, or auto with a
+        seed)."""
+        if self.temperature == 0 or self.coupling == "standard":
+            return False
+        return self.coupling == "gumbel" or self.seed is not None
 
     @property
     def sampling(self) -> SamplingParams:

@@ -71,7 +71,9 @@ class RoundResult:
     ``draft_ms`` (proposing, or a plain step's catch-up feed), ``round_ms`` (the whole round, draft included),
     ``draft_step_ms`` (median one-token draft step, None without one), ``catchup_ms`` for ``catchup_tokens``
     unseen tokens fed to the draft (in a draft round that feed also drafted the first token). ``logits``
-    float32 (V,) is the target's row at a plain step (None otherwise)."""
+    float32 (V,) is the target's row at a plain step (None otherwise). ``tree`` is the verified proposal
+    (a :class:`~edgespec.tree.TokenTree`, empty for a plain step) and ``start`` the index L of ``last`` in the
+    committed tokens when the round began (what a replay of the verify call needs, :mod:`.evaluate`)."""
 
     plan: RoundPlan
     tokens: list[int]
@@ -85,6 +87,8 @@ class RoundResult:
     catchup_ms: float = 0.0
     catchup_tokens: int = 0
     logits: object = field(default=None, repr=False)
+    tree: object = field(default=None, repr=False)
+    start: int = -1
 
     @property
     def proposed(self) -> int:

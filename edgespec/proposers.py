@@ -104,7 +104,8 @@ def resolve(spec, options) -> Proposer:
 @register
 @dataclass(frozen=True, repr=True)
 class DraftChain(Proposer):
-    """Up to K tokens sampled autoregressively from the draft's q; feeds first what the draft has not seen.
+    """Up to K tokens sampled autoregressively from the draft's q (under a Gumbel coupling: the race choice of
+    q at each position, :mod:`.coupling`); feeds first what the draft has not seen.
 
     With ``p_min``, drafting stops early (after at least one token) once the draft's top probability
     (temperature 1) falls below it, like llama.cpp's ``--draft-p-min``; lossless, as K is then chosen from the
@@ -133,6 +134,8 @@ class DraftChain(Proposer):
                 break
             if sp.greedy:
                 drafted.append(dec.draft_argmax(logits))
+            elif dec.coupling is not None:  # the draft's race choice with the target's noise at this position
+                drafted.append(dec.coupling.choose(dec.draft_probs(logits, sp), len(dec.tokens) + i))
             else:
                 q.append(dec.draft_probs(logits, sp))
                 drafted.append(sample(q[-1], rng))
@@ -147,7 +150,8 @@ class DraftChain(Proposer):
 class DraftTree(Proposer):
     """A token tree grown with the draft within a node budget, one draft run per level (see :mod:`.tree`).
     Children are drawn from q when sampling; for greedy from the draft's temperature-1 softmax, so that the
-    top-m children and the shape are informed by its uncertainty."""
+    top-m children and the shape are informed by its uncertainty. Under a Gumbel coupling (seeded sampling) the
+    children are the m best tokens of the position's race over q."""
 
     name: ClassVar[str] = "tree"
     uses_draft: ClassVar[bool] = True
@@ -175,7 +179,11 @@ class DraftTree(Proposer):
                 q = dec.draft_probs(row, sp_tree)
                 tree.q[v] = q
                 m = min(1 if q.max() >= shape.confident else shape.branch, shape.budget - len(tree))
-                for x in pick_children(q, m, sp, rng):
+                if dec.coupling is not None:  # the m best of the race at this position (its choice first)
+                    kids = dec.coupling.candidates(q, L + depth, m)  # q: sp_tree is sp when sampling
+                else:
+                    kids = pick_children(q, m, sp, rng)
+                for x in kids:
                     c = tree.add(v, x)
                     score[c] = score[v] * q[x]
                     level.append(c)

@@ -195,6 +195,25 @@ def verify_tree(tree, p_rows: np.ndarray, sp: SamplingParams, rng: np.random.Gen
         node = nxt
 
 
+def follow_choices(tree, choose) -> tuple[list[int], int]:
+    """Walk a token tree (a chain included) by a deterministic choice per row: greedy's argmax, or the Gumbel
+    coupling's race choice (:mod:`.coupling`), under which a proposal token is kept iff it is the target's
+    choice (Daliri et al. 2024, drafter-invariant speculative decoding).
+
+    ``choose(node)`` returns the target's token after ``node`` (-1: the root, ``last``) from its verify row
+    (row node + 1); it is called only for the rows the walk reaches. Returns (accepted node indices from the
+    root down, the next token: the choice that no child matched, or the choice after a leaf).
+    """
+    node, path = -1, []
+    while True:
+        x = choose(node)
+        nxt = next((c for c in tree.children.get(node, []) if tree.tokens[c] == x), None)
+        if nxt is None:
+            return path, x
+        path.append(nxt)
+        node = nxt
+
+
 def top1_probability(logits: np.ndarray) -> float:
     """The largest probability of softmax(logits) at temperature 1, in [0, 1]; logits float (V,)."""
     z = np.asarray(logits, dtype=np.float64)

@@ -52,6 +52,7 @@ class GenerationStats:
     stop_reason: str = ""
     latency_budget_ms: float | None = None
     provider: str = ""  # the execution provider the target ran on
+    coupling: str = ""  # how tokens were chosen: "greedy", "standard" (accept/reject) or "gumbel" (seeded)
 
     def round_latency(self) -> dict:
         """p50/p95 round time (ms) and, with a latency budget, the share of rounds over it."""

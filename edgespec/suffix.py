@@ -144,7 +144,8 @@ class SuffixTree(Proposer):
 
     def propose(self, dec, size, sp, rng) -> Proposal:
         tree, counts, _ = self.candidates(dec.tokens, size, self._corpus(dec))
-        if not sp.greedy:  # children drawn from q = the continuation frequencies, without replacement
+        if not sp.greedy and dec.coupling is None:  # children drawn from q = the continuation frequencies,
+            # without replacement (under a coupling a child is kept iff it is the target's choice: order is moot)
             tree = _resample(tree, counts, dec.width, sp, rng)
         return Proposal(tree)
 

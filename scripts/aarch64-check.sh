@@ -10,8 +10,9 @@
 # 4. copies an export made on this x86 machine into the root: the tiny random pair always (built here with the
 #    exporter, needs `pip install -e '.[export,test]'` in PY's environment), the real default pair with --real;
 # 5. runs `edgespec generate --json` (plain and spec) and a short scripted `edgespec chat` on both sides and
-#    prints one verdict line: the aarch64 greedy token ids equal the x86 ones, or first diverge at a near-tie
-#    of the target's logits (edgespec/evaluate.py's rule). Exit code 0 on PASS, 1 on FAIL, 2 on bad usage.
+#    prints one verdict line: the aarch64 plain greedy ids equal the x86 ones, or first diverge where both
+#    machines' logits rows show a kernel flip of the same two candidates; aarch64's speculative greedy passes
+#    the verify-path rule there (edgespec/evaluate.py). Exit code 0 on PASS, 1 on FAIL, 2 on bad usage.
 #
 # The host's /sys is NOT bound into the root: onnxruntime's CPU detection crashes on it under emulation.
 # Needs root (debootstrap, chroot, mounts). Emulation is ~100x slower than native: a check, not a benchmark.
@@ -130,5 +131,17 @@ done
 for side in x86 aarch64; do
   echo "  $side plain ids: $("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['token_ids'])" "$RES/$side-plain.json")"
 done
+# the lossless rule (edgespec/evaluate.py): aarch64's spec run against its own verify calls, replayed there;
+# a plain divergence across the machines judged by both machines' rows at that token
+step "aarch64: speculative vs plain greedy under the verify-path rule (K = 4)"
+arm python "$W/src/scripts/aarch64_ref.py" greedy "$W/export" "$PROMPT" "$TOKENS" 4 "$W/greedy.json"
+cp "$ROOT$W/greedy.json" "$RES/aarch64-greedy.json"
+DIV=$("$PY" "$REPO/scripts/aarch64_ref.py" divergence "$RES")
+if [ -n "$DIV" ]; then
+  step "aarch64: its plain-path logits at the divergence (token $DIV)"
+  cp "$RES/x86-plain.json" "$ROOT$W/x86-plain.json"
+  arm python "$W/src/scripts/aarch64_ref.py" row "$W/export" "$PROMPT" "$W/x86-plain.json" "$DIV" "$W/row.npy"
+  cp "$ROOT$W/row.npy" "$RES/aarch64-row.npy"
+fi
 echo "  results in $RES"
 "$PY" "$REPO/scripts/aarch64_ref.py" verdict "$EXPORT" "$PROMPT" "$RES" "$LABEL"

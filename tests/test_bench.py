@@ -45,6 +45,9 @@ def test_bench_writes_json_and_png(tiny_export, home, prompts_file, tmp_path):
         for s in per.values():
             assert SUMMARY_FIELDS <= set(s)
     assert res["summary"]["plain"]["all"]["speedup_decode_median"] == 1.0
+    noise = res["kernel_noise"]["by_k"]
+    assert set(noise) == {"1", "2", "4"} and all(v["positions"] > 0 and v["max_abs"] < 1e-3 for v in noise.values())
+    assert "cpu_model" in res["machine"] and isinstance(res["machine"]["cpu_flags"], list)
     assert "share_rounds_over_budget" in res["summary"]["adaptive@50"]["all"]
     c = res["cost_curve"]
     assert len(c["ratio"]) == 9 and c["ratio"][0] == 1.0 and c["c"] > 0
@@ -100,10 +103,19 @@ def test_eval_on_the_tiny_pair(tiny_export, home, prompts_file):
                        capture_output=True, text=True, env=dict(os.environ, EDGESPEC_HOME=str(home)), timeout=600)
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
-    assert len(res["greedy"]) == 4 and all(g["identical"] for g in res["greedy"])
-    assert len(res["sampling"]) == 2 and all(s["tv"] < 3 * s["tv_noise"] + 0.02 for s in res["sampling"])
+    assert len(res["greedy"]) == 4 and all(g["identical"] and g["ok"] for g in res["greedy"])
+    assert len(res["seeded"]) == 2 and all(g["identical"] and g["ok"] for g in res["seeded"])
+    assert len(res["sampling"]) == 4 and all(s["tv"] < 3 * s["tv_noise"] + 0.02 for s in res["sampling"])
+    assert {s["coupling"] for s in res["sampling"]} == {"standard", "gumbel"}
+    assert res["kernel_noise"]["by_k"]["4"]["positions"] > 0 and res["kernel_noise"]["by_k"]["4"]["max_abs"] < 1e-3
     ll = res["likelihood"]
-    assert ll["spec"]["samples"] == ll["plain"]["samples"] == 4
+    assert ll["spec_standard"]["samples"] == ll["spec_gumbel"]["samples"] == ll["plain"]["samples"] == 4
+    assert 0 < ll["spec_gumbel"]["alpha"] <= 1 and 0 < ll["spec_standard"]["alpha"] <= 1
+    human = subprocess.run([sys.executable, "-m", "edgespec.cli", "eval", str(tiny_export), "--prompts",
+                            str(prompts_file), "--draws", "50", "--ll-samples", "2", "--max-new-tokens", "8"],
+                           capture_output=True, text=True, env=dict(os.environ, EDGESPEC_HOME=str(home)), timeout=600)
+    assert human.returncode == 0, human.stderr
+    assert "greedy: 4/4 speculative runs identical to plain" in human.stdout and "kernel noise" in human.stdout
 
 
 def test_context_sweep_runs_two_exports_side_by_side(export_each_format, tiny_export, home, tmp_path):

@@ -55,14 +55,27 @@ def test_gguf_tokenizer_keeps_control_and_user_defined_tokens(real):
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_speculative_greedy_matches_plain_greedy(real, prompt):
+    """Identical, or a divergence the verify path's own numbers explain (:func:`greedy_check`): the speculative
+    run's verify calls, replayed on a clean cache, choose every token it committed, and at the divergence the
+    two kernels' rows flip the plain token and the speculative one."""
     ids = real.encode(messages=[{"role": "user", "content": prompt}])
     r = greedy_check(real, ids, max_new_tokens=64, k=4)
-    print(f"identical={r['identical']} divergence={r['first_divergence']} gap={r['plain_gap']} "
-          f"alpha={r['stats'].alpha:.2f}")
-    assert r["identical"] or r["near_tie"], (
-        f"first divergence at token {r['first_divergence']}, plain top-1/top-2 gap {r['plain_gap']} "
-        f"≥ {NEAR_TIE_LOGIT_GAP}")
+    print(f"identical={r['identical']} divergence={r['first_divergence']} plain_gap={r['plain_gap']} "
+          f"delta={r['delta']} near_tie(<{NEAR_TIE_LOGIT_GAP})={r['near_tie']} alpha={r['stats'].alpha:.2f}")
+    assert r["ok"], r["problem"]
     assert r["stats"].alpha > 0.2
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_a_seeded_sample_is_the_same_through_plain_and_speculation(real, k):
+    """Drafter-invariant seeded sampling on the real pair: speculation gives plain decoding's seeded ids, or a
+    divergence the verify path's own race scores explain (the verify-path rule on log p − log E)."""
+    ids = real.encode(messages=[{"role": "user", "content": "Write a Python function that reverses a string."}])
+    r = greedy_check(real, ids, max_new_tokens=48, k=k, temperature=0.8, top_p=0.95, seed=11)
+    print(f"k={k} identical={r['identical']} divergence={r['first_divergence']} race_gap={r['plain_gap']} "
+          f"delta={r['delta']} alpha={r['stats'].alpha:.2f} coupling={r['stats'].coupling}")
+    assert r["stats"].coupling == "gumbel"
+    assert r["ok"], r["problem"]
 
 
 def test_cli_generate_json_on_the_real_pair(real_export):
