@@ -51,7 +51,8 @@ export interface ConformanceResult {
   control: Record<string, number[]>;
   template: { prompt: string | null; ids: number[] }[];
   replay: ReplayRun[];
-  stop: { stopReason: string; busy: boolean; chunks: number };
+  /** null when the input has no replay record. */
+  stop: { stopReason: string; busy: boolean; chunks: number } | null;
   sampler: { uint32: number[]; random: number[]; probs: number[][]; draws: number[]; accept: [number, number][] };
   kv: number[][];
   bigint: string[];
@@ -185,7 +186,8 @@ async function replayRuns(input: ConformanceInput): Promise<[ReplayRun[], Confor
     }
   }
   // the Stop button: break out of the text iterator after the first piece
-  const c = input.chats.find((x) => x.replay)!;
+  const c = input.chats.find((x) => x.replay);
+  if (!c) return [runs, null];
   dec.reset();
   const g = generate(dec, { inputIds: c.ids, maxNewTokens: c.greedy.length, k: 2 });
   let n = 0;
