@@ -52,10 +52,11 @@ for (const v of all) {
         assert.deepEqual(run.ids, want, `${what}: the replayed loop's ids are not Python's greedy ids`);
         assert.equal(run.chunks.map(([t]) => t).join(""), run.text, what);
         assert.ok(run.stats.invariants, `${what}: stats invariants ${JSON.stringify(run.stats)}`);
-        if (run.k !== "auto") assert.ok(run.stats.proposed > 0 && run.counts.draft.runs > 0, `${what}: nothing was drafted`);
-        if (run.k === "mixed") assert.ok(run.stats.plainSteps > 0, `${what}: no plain step`);
-        assert.equal(run.counts.draft?.lastMisses ?? 0, 0, `${what}: the draft proposed from a prefix the Python runtime never recorded`);
+        if (run.k !== "auto") assert.ok(run.stats.proposed! > 0 && run.counts!.draft.runs > 0, `${what}: nothing was drafted`);
+        if (run.k === "mixed") assert.ok(run.stats.plainSteps! > 0, `${what}: no plain step`);
+        assert.equal(run.draftMisses, 0, `${what}: the draft proposed from a prefix the Python runtime never recorded`);
         if (v.draft_is_target && run.k !== "auto") assert.equal(run.stats.accepted, run.stats.proposed, what);
+        if (run.k === "auto") assert.ok(run.stats.kPerRound === null && run.chunks.every(([, d]) => d === null), what);
       }
       assert.deepEqual(r.stop, { stopReason: "aborted", busy: false, chunks: 1 });
       assert.ok(r.sampler.draws.every((x) => r.sampler.probs[1][x] > 0));

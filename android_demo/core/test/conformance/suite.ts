@@ -28,9 +28,12 @@ export interface ConformanceInput {
   chats: { messages: ChatMessage[]; prompt: string | null; ids: number[]; greedy: number[]; replay?: ReplayRecord }[];
 }
 
+/** A run's stats; with adaptive K, whose choices follow measured times, what depends on them is null (it
+ * differs between engines and runs; the output ids, text and invariants may not). */
 export interface RunStats {
-  newTokens: number; rounds: number; proposed: number; accepted: number; corrections: number; bonus: number;
-  plainSteps: number; kPerRound: number[] | null; stopReason: string; alpha: number; invariants: boolean;
+  newTokens: number; rounds: number | null; proposed: number | null; accepted: number | null;
+  corrections: number | null; bonus: number | null; plainSteps: number | null; kPerRound: number[] | null;
+  stopReason: string; alpha: number | null; invariants: boolean;
 }
 
 export interface ReplayRun {
@@ -39,9 +42,13 @@ export interface ReplayRun {
   k: number | "mixed" | "auto";
   ids: number[];
   text: string;
-  chunks: [string, boolean][];
+  /** [text, fromDraft] per streamed piece (fromDraft null with adaptive K). */
+  chunks: [string, boolean | null][];
   stats: RunStats;
-  counts: Record<string, ReplayCounts>;
+  /** Replayed runs per graph (null with adaptive K). */
+  counts: Record<string, ReplayCounts> | null;
+  /** Draft runs whose last row (always used) had no recorded row: 0 for a correct loop, whatever K. */
+  draftMisses: number;
 }
 
 export interface ConformanceResult {
@@ -89,9 +96,10 @@ export function engineName(): string {
 function runStats(s: GenerationStats, deterministicK: boolean): RunStats {
   const invariants = s.accepted <= s.evaluated && s.evaluated <= s.proposed && s.rounds === s.kPerRound.length
     && s.newTokens <= 1 + s.accepted + s.corrections + s.bonus + s.plainSteps;
-  return { newTokens: s.newTokens, rounds: s.rounds, proposed: s.proposed, accepted: s.accepted,
-    corrections: s.corrections, bonus: s.bonus, plainSteps: s.plainSteps,
-    kPerRound: deterministicK ? [...s.kPerRound] : null, stopReason: s.stopReason, alpha: s.alpha, invariants };
+  const k = <T>(x: T): T | null => (deterministicK ? x : null);
+  return { newTokens: s.newTokens, rounds: k(s.rounds), proposed: k(s.proposed), accepted: k(s.accepted),
+    corrections: k(s.corrections), bonus: k(s.bonus), plainSteps: k(s.plainSteps), kPerRound: k([...s.kPerRound]),
+    stopReason: s.stopReason, alpha: k(s.alpha), invariants };
 }
 
 /** A logits row float32 (n,) from a fixed formula (no randomness: the same on every engine). */
@@ -176,13 +184,15 @@ async function replayRuns(input: ConformanceInput): Promise<[ReplayRun[], Confor
       const before = ort.counts();
       const policy = k === "auto" ? new AdaptiveK(REPLAY_COST, { kMax }) : k === "mixed" ? new ScriptedK(MIXED_K) : k;
       const g = generate(dec, { inputIds: c.ids, maxNewTokens: c.greedy.length, k: policy });
-      const chunks: [string, boolean][] = [];
-      for await (const ch of g.chunks()) chunks.push([ch.text, ch.fromDraft]);
+      const fixed = k !== "auto";
+      const chunks: [string, boolean | null][] = [];
+      for await (const ch of g.chunks()) chunks.push([ch.text, fixed ? ch.fromDraft : null]);
       const counts = Object.fromEntries(Object.entries(ort.counts()).map(([key, n]) => {
         const b = before[key] ?? { runs: 0, rows: 0, misses: 0, lastMisses: 0 };
         return [key, { runs: n.runs - b.runs, rows: n.rows - b.rows, misses: n.misses - b.misses, lastMisses: n.lastMisses - b.lastMisses }];
       }));
-      runs.push({ chat: i, k, ids: [...g.tokenIds], text: g.text, chunks, stats: runStats(g.stats, k !== "auto"), counts });
+      runs.push({ chat: i, k, ids: [...g.tokenIds], text: g.text, chunks, stats: runStats(g.stats, fixed), counts: fixed ? counts : null,
+        draftMisses: counts.draft?.lastMisses ?? 0 });
     }
   }
   // the Stop button: break out of the text iterator after the first piece
