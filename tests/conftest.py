@@ -15,14 +15,23 @@ def pytest_addoption(parser):
     parser.addoption("--real-pair", action="store_true", help="also run the real Qwen2.5-Coder pair tier")
     parser.addoption("--android-core", action="store_true",
                      help="also test the TypeScript core in android_demo/core (needs Node.js and `npm ci` there)")
+    parser.addoption("--hermes-vm", metavar="PATH", default=None,
+                     help="also run the TypeScript core on this Hermes VM binary (the `hermes` CLI of React Native's "
+                          "Hermes; android_demo/README.md says how to build one): needs --android-core")
     parser.addoption("--aarch64", action="store_true",
                      help="also run scripts/aarch64-check.sh on the tiny export (root, qemu; ~15 min the first time)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "hermes: runs the TypeScript core on a Hermes VM (run with --hermes-vm PATH)")
 
 
 def pytest_collection_modifyitems(config, items):
     skip_real = pytest.mark.skip(reason="real-pair tier: run with --real-pair")
     skip_core = pytest.mark.skip(reason="TypeScript core: run with --android-core (after `npm ci` in android_demo/core)")
     skip_arm = pytest.mark.skip(reason="aarch64 tier: run with --aarch64 (root, qemu)")
+    skip_hermes = pytest.mark.skip(reason="Hermes tier: run with --android-core --hermes-vm PATH (no npm package "
+                                          "ships a Hermes VM recent enough; android_demo/README.md)")
     for item in items:
         if "real" in item.keywords and not config.getoption("--real-pair"):
             item.add_marker(skip_real)
@@ -31,6 +40,8 @@ def pytest_collection_modifyitems(config, items):
         # by marker, not keyword: a checkout in a folder named aarch64 would match every test
         if item.get_closest_marker("aarch64") and not config.getoption("--aarch64"):
             item.add_marker(skip_arm)
+        if item.get_closest_marker("hermes") and not config.getoption("--hermes-vm"):
+            item.add_marker(skip_hermes)
 
 
 # A CI runner may start the tests with SIGINT ignored (a background job): restore Python's handler, so the

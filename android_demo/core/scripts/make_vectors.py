@@ -4,8 +4,11 @@
 
 Writes what ``npm test`` compares the core against (see ``android_demo/core/test/``): the tokenizer's ids and
 decoded text for a corpus (code, Chinese, emoji, control tokens), the chat template's rendered prompts and
-their ids, and plain greedy ids per prompt with the plain run's top-1/top-2 logit gap at every step (for the
-near-tie rule of :mod:`edgespec.evaluate`). ``tests/test_android_core.py`` runs this, then ``npm test``.
+their ids, plain greedy ids per prompt with the plain run's top-1/top-2 logit gap at every step (for the
+near-tie rule of :mod:`edgespec.evaluate`), and a replay record: the logits rows the target and the draft
+produce on every prefix a greedy speculative loop with K ≤ ``REPLAY_K_MAX`` can ask for, which
+``core/test/conformance/replay.ts`` replays so that the core's loop runs without onnxruntime (on Hermes).
+``tests/test_android_core.py`` runs this, then ``npm test``.
 """
 
 from __future__ import annotations
@@ -56,8 +59,50 @@ def plain_greedy(dec: SpecDecoder, ids: list[int], n: int) -> tuple[list[int], l
     return out, gaps
 
 
+REPLAY_CHATS = 2  # the first two MESSAGES
+REPLAY_K_MAX = 4
+REPLAY_TOP = 16  # logits kept per row (the rest replay as -inf): greedy needs the argmax, top-k sampling more
+
+
+def _top(row: np.ndarray, n: int = REPLAY_TOP) -> list[list]:
+    """[ids, values]: the ``n`` largest entries of a logits row float32 (V,), largest first."""
+    idx = np.argsort(-row, kind="stable")[:n]
+    return [[int(i) for i in idx], [float(row[i]) for i in idx]]
+
+
+def replay_record(dec: SpecDecoder, ids: list[int], path: list[int]) -> dict:
+    """Logits rows keyed by the token prefix they follow (ids joined by ","), for a greedy speculative loop on
+    prompt ``ids`` whose output is ``path`` (the plain greedy ids). target: the row after each prefix
+    ids + path[:j] (the rows a correct loop uses; verify rows after a rejected draft token are never used).
+    draft: the row after each such prefix and after the draft's own greedy chain of up to REPLAY_K_MAX − 1
+    tokens from it (every row a draft proposal uses)."""
+    if dec.kept_ids is not None:
+        raise SystemExit("make_vectors: the replay record does not cover a pruned draft head (kept_token_ids)")
+    key = lambda toks: ",".join(map(str, toks))
+    target, draft = {}, {}
+    tcache, dcache = dec.target.new_cache(), dec.draft.new_cache()
+    trow = dec.target.forward(ids, tcache, keep=1)[-1]
+    drow = dec.draft.forward(ids, dcache, keep=1)[-1]
+    prefix = list(ids)
+    for tok in path:
+        target[key(prefix)] = _top(trow[:dec.width])
+        draft[key(prefix)] = _top(drow[:dec.width])
+        base, chain, row = dcache.length, list(prefix), drow
+        for _ in range(REPLAY_K_MAX - 1):
+            chain.append(dec.draft_argmax(row))
+            row = dec.draft.forward(chain[-1:], dcache)[-1]
+            draft[key(chain)] = _top(row[:dec.width])
+        dcache.crop(base)
+        prefix.append(tok)
+        if tok in dec.stop_ids:
+            break
+        trow = dec.target.forward([tok], tcache)[-1]
+        drow = dec.draft.forward([tok], dcache)[-1]
+    return {"k_max": REPLAY_K_MAX, "top": REPLAY_TOP, "target": target, "draft": draft}
+
+
 def make_vectors(export_dir: Path, new_tokens: int, draws: int) -> dict:
-    dec = SpecDecoder.load(export_dir, load_draft=False)
+    dec = SpecDecoder.load(export_dir)
     m = dec.manifest
     tok = dec.tokenizer
     corpus = []
@@ -74,7 +119,10 @@ def make_vectors(export_dir: Path, new_tokens: int, draws: int) -> dict:
         prompt = dec.template.render(messages) if dec.template else None
         ids = dec.encode(messages=messages) if dec.template else dec.encode(messages[-1]["content"])
         greedy, gaps = plain_greedy(dec, ids, new_tokens)
-        chats.append({"messages": messages, "prompt": prompt, "ids": ids, "greedy": greedy, "gaps": gaps})
+        chat = {"messages": messages, "prompt": prompt, "ids": ids, "greedy": greedy, "gaps": gaps}
+        if len(chats) < REPLAY_CHATS:
+            chat["replay"] = replay_record(dec, ids, greedy)
+        chats.append(chat)
     # fp32 graphs: one-row and many-row runs agree to ~1e-6, so greedy must match exactly (the tiny random
     # models' top-1/top-2 gaps are ~1e-3, below the near-tie gap meant for int4 kernels)
     exact = m.target.quantization.precision == "fp32"

@@ -3,6 +3,7 @@
 import { readdirSync, readFileSync, statSync } from "node:fs";
 import * as path from "node:path";
 import type { ChatMessage } from "../src/text.js";
+import type { ReplayRecord } from "./conformance/replay.js";
 
 export interface Vectors {
   file: string;
@@ -16,7 +17,7 @@ export interface Vectors {
   stop: number[];
   control_tokens: Record<string, number>;
   corpus: { text: string; ids: number[]; decoded: string; decoded_skip_special: string }[];
-  chats: { messages: ChatMessage[]; prompt: string | null; ids: number[]; greedy: number[]; gaps: number[] }[];
+  chats: { messages: ChatMessage[]; prompt: string | null; ids: number[]; greedy: number[]; gaps: number[]; replay?: ReplayRecord }[];
 }
 
 export function loadVectors(): Vectors[] {
