@@ -409,7 +409,7 @@ def _json_schema_constraint(path: str):
         schema = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as e:
         raise EdgespecError(f"--json-schema {path}: {e.strerror or e}") from None
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: nested past Python's limit
         raise EdgespecError(f"--json-schema {path}: not JSON ({str(e)[:80]})") from None
     try:
         return Constraint.json_schema(schema)

@@ -161,8 +161,8 @@ def parse_infill(body, samplers: str = "refuse") -> FimRequest:
 
 
 def _ms(body: dict, name: str) -> float:
-    """A time limit in ms; -1, 0 or absent: off (0.0)."""
-    v = _int(body, name, -1)
+    """A time limit in ms (at most 2**53, which a float holds exactly); -1, 0 or absent: off (0.0)."""
+    v = _int(body, name, -1, 2 ** 53)
     return float(v) if v is not None and v > 0 else 0.0
 
 

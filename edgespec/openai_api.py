@@ -89,9 +89,13 @@ def _float(body: dict, name: str, ok, what: str) -> float | None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise RequestError(400, f"{name} must be a number, got {type(v).__name__}", name)
-    if not math.isfinite(v) or not ok(v):
+    try:
+        f = float(v)
+    except OverflowError:  # a JSON integer no float holds
+        raise RequestError(400, f"{name} must be {what}, got an integer of {len(str(abs(v)))} digits", name) from None
+    if not math.isfinite(f) or not ok(f):
         raise RequestError(400, f"{name} must be {what}, got {v}", name)
-    return float(v)
+    return f
 
 
 def _bool(body: dict, name: str) -> bool:
@@ -127,7 +131,7 @@ def _messages(v) -> tuple[dict, ...]:
         if not isinstance(m, dict):
             raise RequestError(400, f"messages[{i}] must be an object", "messages")
         role = m.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise RequestError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}",
                                "messages")
         content = "" if role == "assistant" and m.get("content") is None else _content(m.get("content"), i)

@@ -25,6 +25,7 @@ COMPLETION_FIELDS = frozenset({
     "echo", "user", "edgespec", "suffix"})  # suffix: fill in the middle (edgespec/fim_serve.py)
 HINTS = {"functions": "use tools", "function_call": "use tool_choice"}
 MAX_LOGIT_BIAS = 1024
+MAX_ID_DIGITS = 18  # a logit_bias key longer than this is no token id (and int() refuses over 4,300 digits)
 INF_LOGPROB = -9999.0  # what a token the processors forbid (logprob -inf) is reported as (JSON has no -inf)
 
 
@@ -76,6 +77,15 @@ class Extras:
         return self.tools is not None and self.tool_choice != "none"
 
 
+def _unicode(v, where: str, param: str) -> None:
+    """Raises RequestError (400) when ``v`` (JSON data) holds a lone surrogate: a valid JSON escape
+    (``"\\ud800"``) but not Unicode text, which the chat template would render and the tokenizer refuse."""
+    try:
+        json.dumps(v, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise _error(f"{where} is not valid Unicode (lone surrogate)", param) from None
+
+
 def _number(body: dict, name: str, lo: float, hi: float, default: float) -> float:
     v = body.get(name)
     if v is None:
@@ -113,6 +123,7 @@ def _tools(v) -> tuple:
             raise _error(f"tools[{i}].function.parameters must be a JSON schema object", "tools")
         if f.get("strict") is not None and not isinstance(f["strict"], bool):
             raise _error(f"tools[{i}].function.strict must be a boolean", "tools")
+        _unicode(f, f"tools[{i}].function", "tools")
         out.append({"type": "function", "function": {k: x for k, x in f.items() if x is not None and k != "strict"}})
     return tuple(out)
 
@@ -126,7 +137,7 @@ def _tool_choice(v, tools) -> tuple[str, str | None]:
         return v, None
     if isinstance(v, dict) and v.get("type") == "function" and isinstance(v.get("function"), dict):
         name = v["function"].get("name")
-        if name not in {t["function"]["name"] for t in tools}:
+        if not isinstance(name, str) or name not in {t["function"]["name"] for t in tools}:
             raise _error(f"tool_choice names the function {name!r}, which is not in tools", "tool_choice")
         return "function", name
     raise _error('tool_choice must be "auto", "none", "required" or {"type": "function", "function": {"name"}}',
@@ -180,8 +191,8 @@ def _logit_bias(v) -> tuple:
         raise _error(f"logit_bias must be an object of at most {MAX_LOGIT_BIAS} token ids", "logit_bias")
     out = []
     for k, b in v.items():
-        if not (isinstance(k, str) and k.isdigit()):
-            raise _error(f"logit_bias keys must be token ids, got {k!r}", "logit_bias")
+        if not (isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= MAX_ID_DIGITS):
+            raise _error(f"logit_bias keys must be token ids, got {k[:24]!r}", "logit_bias")
         if isinstance(b, bool) or not isinstance(b, (int, float)) or not -100 <= b <= 100:
             raise _error(f"logit_bias[{k}] must be a number in [-100, 100]", "logit_bias")
         out.append((int(k), float(b)))
@@ -227,6 +238,7 @@ def tool_message(m: dict, i: int, role: str) -> dict:
     if role == "tool":
         if not isinstance(m.get("tool_call_id"), str):
             raise _error(f"messages[{i}].tool_call_id must be a string", "messages")
+        _unicode(m["tool_call_id"], f"messages[{i}].tool_call_id", "messages")
         out["tool_call_id"] = m["tool_call_id"]
     calls = m.get("tool_calls")
     if calls is not None:
@@ -240,10 +252,11 @@ def tool_message(m: dict, i: int, role: str) -> dict:
                 raise _error(f"{where} must have an id and a function with a name and arguments", "messages")
             try:
                 args = json.loads(f.get("arguments", "{}"))
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, RecursionError):  # RecursionError: nested past Python's limit
                 raise _error(f"{where}.function.arguments must be JSON text of an object", "messages") from None
             if not isinstance(args, dict):
                 raise _error(f"{where}.function.arguments must be JSON text of an object", "messages")
+            _unicode([c["id"], f["name"], args], where, "messages")
             norm.append({"id": c["id"], "type": "function",
                          "function": {"name": f["name"], "arguments": f.get("arguments", "{}")}})
         if norm:

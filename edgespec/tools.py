@@ -48,7 +48,7 @@ def parse_call(body: str) -> ToolCall | None:
     ``{"name": str, "arguments": object}`` JSON (``arguments`` may also be a JSON string of an object)."""
     try:
         obj = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past Python's limit
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
@@ -56,7 +56,7 @@ def parse_call(body: str) -> ToolCall | None:
     if isinstance(args, str):
         try:
             args = json.loads(args)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     if not isinstance(args, dict):
         return None
