@@ -136,3 +136,24 @@ def test_a_json_schema_file_nested_too_deep_is_one_line_at_the_cli(tiny_export, 
     r = run_cli(["generate", str(tiny_export), "--prompt", "x", "--json-schema", str(deep)], home)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(lines) == 1 and "not JSON" in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"response_format": {"type": "json_object", "schema": {"type": "object"}}}, "response_format"),
+    ({"response_format": {"type": "text", "json_schema": {"name": "a", "schema": {}}}}, "response_format"),
+    ({"parallel_tool_calls": True}, "parallel_tool_calls"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "cache_control": {}}]}]},
+     "messages[0].content"),
+], ids=["json_object with a schema", "text with a json_schema", "parallel_tool_calls without tools",
+        "a content part's unknown key"])
+def test_a_field_that_would_be_ignored_is_refused(body, param):
+    with pytest.raises(RequestError) as e:
+        parse_chat({"messages": M, **body})
+    assert e.value.status == 400 and e.value.param == param, e.value.message
+
+
+@pytest.mark.parametrize("keep_alive", [[0], {}, True])
+def test_ollama_keep_alive_of_the_wrong_type_is_refused(keep_alive):
+    with pytest.raises(RequestError) as e:
+        parse_ollama_generate({"model": "m", "prompt": "x", "keep_alive": keep_alive})
+    assert e.value.param == "keep_alive"
