@@ -192,7 +192,10 @@ def parse_ollama_generate(body) -> FimRequest:
     for name in ("system", "template", "context", "images", "format", "think"):
         if body.get(name) not in (None, "", [], False):
             raise RequestError(400, f"{name} is not implemented", name)
-    if body.get("keep_alive") in (0, "0", "0s", "0m"):
+    keep = body.get("keep_alive")
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, (str, int, float))):
+        raise RequestError(400, "keep_alive must be a duration (a string such as \"5m\", or seconds)", "keep_alive")
+    if keep in (0, "0", "0s", "0m"):
         raise RequestError(400, "keep_alive 0 (unload the model) is not implemented: the model stays loaded",
                            "keep_alive")
     opts = body.get("options") or {}

@@ -116,6 +116,9 @@ def _content(v, i: int) -> str:
         for j, part in enumerate(v):
             if not isinstance(part, dict) or part.get("type") != "text":
                 raise RequestError(400, f"{param}[{j}]: only text content parts are supported", param)
+            if set(part) - {"type", "text"}:
+                raise RequestError(400, f"{param}[{j}].{sorted(set(part) - {'type', 'text'})[0]} is not supported",
+                                   param)
             out.append(_text(part.get("text"), f"{param}[{j}].text"))
         return "".join(out)
     raise RequestError(400, f"{param} must be a string or a list of text parts", param)

@@ -149,6 +149,9 @@ def _response_format(v) -> tuple[str, dict | None]:
         return "text", None
     if not isinstance(v, dict) or v.get("type") not in ("text", "json_object", "json_schema"):
         raise _error('response_format.type must be "text", "json_object" or "json_schema"', "response_format")
+    bad = sorted(set(v) - {"type"} - ({"json_schema"} if v["type"] == "json_schema" else set()))
+    if bad:
+        raise _error(f"response_format.{bad[0]} is not supported with type {v['type']}", "response_format")
     if v["type"] != "json_schema":
         return v["type"], None
     js = v.get("json_schema")
@@ -206,6 +209,8 @@ def parse_extras(body: dict, chat: bool) -> Extras:
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
         raise _error("parallel_tool_calls must be a boolean", "parallel_tool_calls")
+    if parallel is not None and tools is None:
+        raise _error("parallel_tool_calls needs tools", "parallel_tool_calls")
     if parallel is False and tools is not None and choice == "auto":
         raise _error("parallel_tool_calls: false needs tool_choice required or a named function (where decoding "
                      "is constrained to one call)", "parallel_tool_calls")
