@@ -157,3 +157,26 @@ def test_ollama_keep_alive_of_the_wrong_type_is_refused(keep_alive):
     with pytest.raises(RequestError) as e:
         parse_ollama_generate({"model": "m", "prompt": "x", "keep_alive": keep_alive})
     assert e.value.param == "keep_alive"
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/chat/completions", {"messages": M, "max_completion_tokens": 5, "max_tokens": "abc"}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": M, "max_completion_tokens": 5, "max_tokens": 9}, "max_tokens"),
+    ("/infill", {"n_predict": 5, "max_tokens": [1]}, "max_tokens"),
+    ("/infill", {"n_predict": 5, "max_tokens": 9}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": M, "tools": TOOL, "tool_choice": {
+        "type": "function", "function": {"name": "get"}, "strict": True}}, "tool_choice"),
+    ("/v1/chat/completions", {"messages": M, "tools": TOOL, "tool_choice": {
+        "type": "function", "function": {"name": "get", "arguments": "{}"}}}, "tool_choice"),
+], ids=["max_tokens not an integer beside max_completion_tokens", "max_tokens differing from max_completion_tokens",
+        "infill max_tokens not an integer beside n_predict", "infill max_tokens differing from n_predict",
+        "tool_choice unknown key", "tool_choice.function unknown key"])
+def test_an_alias_or_key_that_would_be_ignored_is_refused(path, body, param):
+    with pytest.raises(RequestError) as e:
+        _parse(path, body)
+    assert e.value.status == 400 and e.value.param == param, e.value.message
+
+
+def test_aliases_that_agree_are_accepted():
+    assert parse_chat({"messages": M, "max_completion_tokens": 5, "max_tokens": 5}).max_tokens == 5
+    assert parse_infill({"n_predict": 5, "max_tokens": 5}).max_tokens == 5
