@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from .fim import FimPrompt
-from .openai_api import RequestError, _bool, _float, _int, _stop, _text
+from .openai_api import RequestError, _alias, _bool, _float, _int, _stop, _text
 
 MAX_EXTRA = 256  # input_extra chunks per request
 
@@ -129,9 +129,7 @@ def parse_infill(body, samplers: str = "refuse") -> FimRequest:
     ``n_probs`` only at their defaults (false, 0)."""
     body = _object(body)
     _unknown(body, INFILL_FIELDS, "/infill")
-    n = _int(body, "n_predict", -1)
-    if n is None:
-        n = _int(body, "max_tokens", -1)
+    n = _alias(body, "n_predict", "max_tokens", -1)
     if body.get("id_slot") not in (None, -1, 0):
         raise RequestError(400, "id_slot must be -1 or 0 (edgespec serves one slot)", "id_slot")
     if body.get("return_tokens") not in (None, False):

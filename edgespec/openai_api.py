@@ -98,6 +98,15 @@ def _float(body: dict, name: str, ok, what: str) -> float | None:
     return f
 
 
+def _alias(body: dict, name: str, alias: str, lo: int) -> int | None:
+    """An integer field that has an alias (``max_tokens`` of ``max_completion_tokens``): both checked, and
+    refused (400) when both are given and differ."""
+    v, a = _int(body, name, lo), _int(body, alias, lo)
+    if v is not None and a is not None and v != a:
+        raise RequestError(400, f"{alias} ({a}) and {name} ({v}) differ: give one", alias)
+    return a if v is None else v
+
+
 def _bool(body: dict, name: str) -> bool:
     v = body.get(name, False)
     if v is None:
@@ -166,9 +175,7 @@ def _common(body: dict, chat: bool) -> dict:
         raise RequestError(400, "edgespec must be an object", "edgespec")
     for k in set(ext or {}) - {"latency_budget_ms"}:
         raise RequestError(400, f"edgespec.{k} is not supported (only latency_budget_ms)", f"edgespec.{k}")
-    max_tokens = _int(body, "max_completion_tokens", 1)
-    if max_tokens is None:
-        max_tokens = _int(body, "max_tokens", 1)
+    max_tokens = _alias(body, "max_completion_tokens", "max_tokens", 1)
     if not isinstance(body.get("model", ""), str):
         raise RequestError(400, "model must be a string", "model")
     return dict(

@@ -136,6 +136,9 @@ def _tool_choice(v, tools) -> tuple[str, str | None]:
     if v in ("auto", "none", "required"):
         return v, None
     if isinstance(v, dict) and v.get("type") == "function" and isinstance(v.get("function"), dict):
+        bad = sorted(set(v) - {"type", "function"}) + sorted(f"function.{k}" for k in set(v["function"]) - {"name"})
+        if bad:
+            raise _error(f"tool_choice.{bad[0]} is not supported", "tool_choice")
         name = v["function"].get("name")
         if not isinstance(name, str) or name not in {t["function"]["name"] for t in tools}:
             raise _error(f"tool_choice names the function {name!r}, which is not in tools", "tool_choice")
