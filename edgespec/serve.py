@@ -235,8 +235,8 @@ def _job_for(engine: Engine, req: Request, ids: list[int], loop) -> Job:
     """Check the request against the context and build its job. Raises RequestError (400)."""
     ctx, n = engine.decoder.context_length, len(ids)
     if n >= ctx:
-        raise RequestError(400, f"the prompt is {n} tokens; the context holds {ctx}", "messages",
-                           "context_length_exceeded")
+        raise RequestError(400, f"the prompt is {n} tokens; the context holds {ctx}",
+                           "messages" if req.messages is not None else "prompt", "context_length_exceeded")
     if req.max_tokens is not None and n + req.max_tokens > ctx:
         raise RequestError(400, f"the prompt is {n} tokens and max_tokens {req.max_tokens}; the context holds "
                                 f"{ctx}", "max_tokens", "context_length_exceeded")
