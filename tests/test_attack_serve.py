@@ -193,3 +193,9 @@ def test_a_completion_prompt_over_the_context_names_prompt():
         with pytest.raises(RequestError) as e:
             _job_for(engine, req, list(range(9)), None)
         assert e.value.param == param and e.value.code == "context_length_exceeded"
+
+
+def test_null_counts_as_absent_for_fields_with_a_true_default():
+    """As on the OpenAI routes, null is the default: Ollama's ``stream`` (true), llama.cpp's ``cache_prompt``."""
+    assert parse_ollama_generate({"model": "m", "prompt": "x", "stream": None}).stream is True
+    assert parse_infill({"input_prefix": "x", "cache_prompt": None}).cache_prompt is True
