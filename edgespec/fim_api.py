@@ -148,7 +148,7 @@ def parse_infill(body, samplers: str = "refuse") -> FimRequest:
     fim = FimPrompt(prefix=_text(body.get("input_prefix", ""), "input_prefix"),
                     suffix=_text(body.get("input_suffix", ""), "input_suffix"),
                     extra=_extra(body.get("input_extra")), prompt=_text(body.get("prompt", ""), "prompt"))
-    cache_prompt = body.get("cache_prompt", True)
+    cache_prompt = True if body.get("cache_prompt") is None else body["cache_prompt"]
     if not isinstance(cache_prompt, bool):
         raise RequestError(400, "cache_prompt must be a boolean", "cache_prompt")
     return FimRequest(fim=fim, max_tokens=n if n is not None and n > 0 else None, until_context=n == -1,
@@ -213,7 +213,7 @@ def parse_ollama_generate(body) -> FimRequest:
     elif not prompt:
         raise RequestError(400, "prompt must not be empty (an empty prompt loads the model in Ollama; "
                                 "edgespec's is always loaded)", "prompt")
-    stream = body.get("stream", True)
+    stream = True if body.get("stream") is None else body["stream"]
     if not isinstance(stream, bool):
         raise RequestError(400, "stream must be a boolean", "stream")
     return FimRequest(fim=fim, prompt=None if fim else prompt, raw=raw,
