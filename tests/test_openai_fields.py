@@ -33,8 +33,8 @@ def test_unknown_chat_fields_are_a_400_naming_the_field(field, value):
     assert e.param == field and field in e.message
 
 
-@pytest.mark.parametrize("field,value", [("suffix", "x"), ("tools", TOOLS), ("response_format", {"type": "text"}),
-                                         ("best_of", 2), ("top_logprobs", 2)])
+@pytest.mark.parametrize("field,value", [("tools", TOOLS), ("response_format", {"type": "text"}),
+                                         ("best_of", 2), ("top_logprobs", 2)])  # suffix: FIM (tests/test_fim.py)
 def test_unknown_completion_fields_are_a_400(field, value):
     assert refused({"prompt": "x", field: value}, chat=False).param == field
 
