@@ -33,8 +33,8 @@ def test_unknown_chat_fields_are_a_400_naming_the_field(field, value):
     assert e.param == field and field in e.message
 
 
-@pytest.mark.parametrize("field,value", [("tools", TOOLS), ("response_format", {"type": "text"}), ("best_of", 2),
-                                         ("top_logprobs", 2)])
+@pytest.mark.parametrize("field,value", [("tools", TOOLS), ("response_format", {"type": "text"}),
+                                         ("best_of", 2), ("top_logprobs", 2)])  # suffix: FIM (tests/test_fim.py)
 def test_unknown_completion_fields_are_a_400(field, value):
     assert refused({"prompt": "x", field: value}, chat=False).param == field
 
@@ -54,7 +54,7 @@ def test_null_fields_count_as_absent_and_every_listed_field_parses():
     cbody = {"model": "m", "prompt": "x", "max_tokens": 4, "n": 1, "best_of": 1, "temperature": 0.5, "top_p": 0.9,
              "top_k": 5, "seed": 1, "stop": "x", "stream": False, "stream_options": {"include_usage": True},
              "logprobs": 2, "presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1,
-             "logit_bias": {}, "echo": False, "user": "u", "edgespec": {}, "suffix": "\n"}
+             "logit_bias": {}, "echo": False, "user": "u", "edgespec": {}, "suffix": "y"}
     assert set(cbody) == COMPLETION_FIELDS and parse_completion(cbody, 500).extras.logprobs == 2
 
 
