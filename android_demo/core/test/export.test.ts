@@ -11,7 +11,7 @@ import { AdaptiveK, calibrate } from "../src/adaptive.js";
 import type { SpecDecoder } from "../src/decoder.js";
 import { ChatSession, DEFAULT_SETTINGS } from "../src/chat.js";
 import { exponential, positionKey, raceScores, uniformNumerator } from "../src/coupling.js";
-import { compareWithReference, firstTokenCheck, greedyCheck, plainGreedyWithGaps, type Seeded } from "../src/evaluate.js";
+import { compareWithReference, firstTokenCheck, greedyCheck, plainGreedyWithGaps, top2, type Seeded } from "../src/evaluate.js";
 import { generate } from "../src/generation.js";
 import { loadNodeDecoder } from "../src/node.js";
 import { samplingParams } from "../src/sampling.js";
@@ -19,6 +19,8 @@ import { IncrementalDetokenizer } from "../src/text.js";
 import { firstDifference, loadVectors, NO_VECTORS } from "./vectors.js";
 
 const all = loadVectors();
+/** Logits: the forced-flip test swaps a verify row's top two where they are closer than this. */
+const FLIP_GAP = 0.05;
 if (!all.length) test("export tests", { skip: NO_VECTORS }, () => {});
 
 for (const v of all) {
@@ -123,6 +125,34 @@ for (const v of all) {
       console.log(`# injected stale row: caught in ${caught} of ${v.chats.length} prompts (${fired} with a rejection)`);
       assert.ok(fired > 0, "no round rejected a drafted token: the bug never fired");
       assert.ok(caught > 0, `the replay missed the stale row in all ${v.chats.length} prompts (${fired} with a rejection)`);
+    });
+
+    test("a forced kernel-noise flip passes the rule: verify rows with a near-tie swap their top two", async () => {
+      const forward = dec.target.forward;
+      dec.target.forward = async (ids, cache, keep = 0) => { // K+1-row verify calls only (prefill has keep 1)
+        const l = await forward.call(dec.target, ids, cache, keep);
+        if (ids.length > 1 && keep === 0) for (let r = 0; r < l.rows; r++) {
+          const row = l.row(r).subarray(0, dec.width), [[a, la], [b, lb]] = top2(row);
+          if (la - lb < FLIP_GAP) { row[a] = lb; row[b] = la; }
+        }
+        return l;
+      };
+      let flips = 0;
+      try {
+        for (const [i, c] of v.chats.entries()) {
+          const r = await greedyCheck(dec, c.ids, v.new_tokens, 3);
+          assert.ok(r.ok && r.consistent, `chat ${i}: ${r.problem}`);
+          if (r.identical) continue;
+          flips++;
+          assert.ok(r.plainGap! > 0 && r.plainGap! < FLIP_GAP && r.delta! >= r.plainGap!, `chat ${i}: g ${r.plainGap}, δ ${r.delta}`);
+          assert.equal(r.verifyTop2![0][0], r.plainTop2![1][0], "the verify row's top-1 is the plain row's top-2");
+        }
+      } finally {
+        dec.target.forward = forward;
+        dec.reset();
+      }
+      console.log(`# forced flips: ${flips} of ${v.chats.length} prompts diverged, all legitimate`);
+      assert.ok(flips > 0, "no prompt met a near-tie in a verify row: nothing was flipped");
     });
 
     test("seeded sampling (Gumbel coupling): plain, K = 1 and K = 3 give the Python runtime's seeded plain ids", async () => {
