@@ -53,13 +53,14 @@ NOISE_IDS = [0, 1, 2, 511, 4097, 151643, 151664]
 
 
 def top2(row: np.ndarray) -> list[list]:
-    """[[top-1 id, value], [top-2 id, value]] of a row (ties: the lower id), as the core's ``top2``."""
+    """[[top-1 id, value], [top-2 id, value]] of a row (ties: the lower id), as the core's ``top2``; a value of
+    −inf (a race score outside the nucleus) is written as null (JSON has no infinities)."""
     row = np.asarray(row, dtype=np.float64)
     i = int(np.argmax(row))
     rest = row.copy()
     rest[i] = -np.inf
     j = int(np.argmax(rest))
-    return [[i, float(row[i])], [j, float(row[j])]]
+    return [[t, float(row[t]) if np.isfinite(row[t]) else None] for t in (i, j)]
 
 
 def plain_greedy(dec: SpecDecoder, ids: list[int], n: int) -> tuple[list[int], list[float], list[list]]:
@@ -161,7 +162,7 @@ def main(argv=None) -> int:
     vectors = make_vectors(a.export_dir, a.new_tokens, a.draws)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = a.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(vectors, ensure_ascii=False, indent=1))
+    tmp.write_text(json.dumps(vectors, ensure_ascii=False, indent=1, allow_nan=False))
     tmp.replace(a.out)
     return 0
 

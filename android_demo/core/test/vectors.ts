@@ -26,7 +26,7 @@ export interface Vectors {
   corpus: { text: string; ids: number[]; decoded: string; decoded_skip_special: string }[];
   /** Per prompt: Python's plain greedy ids (stop token included) with the top-1/top-2 gap (a figure) and the
    * top two [id, logit] of each step's row; its seeded plain ids (Gumbel coupling, `seeded_sampling`, `seed`;
-   * stop token excluded) with the top two [id, race score] of each step. */
+   * stop token excluded) with the top two [id, race score] of each step (a race score −∞ is null in the file). */
   chats: { messages: ChatMessage[]; prompt: string | null; ids: number[]; greedy: number[]; gaps: number[];
     greedy_top2: Top2[]; seed: number; seeded: number[]; seeded_top2: Top2[] }[];
 }
@@ -36,7 +36,12 @@ export function loadVectors(): Vectors[] {
   if (!spec) return [];
   const files = spec.split(path.delimiter).filter(Boolean).flatMap((p) =>
     statSync(p).isDirectory() ? readdirSync(p).filter((f) => f.endsWith(".json")).sort().map((f) => path.join(p, f)) : [p]);
-  return files.map((file) => ({ file, ...JSON.parse(readFileSync(file, "utf8")) }));
+  const inf = (t: Top2[]) => t.map((pair) => pair.map(([id, x]) => [id, x ?? -Infinity])) as Top2[]; // null: −∞
+  return files.map((file) => {
+    const v = { file, ...JSON.parse(readFileSync(file, "utf8")) } as Vectors;
+    for (const c of v.chats) Object.assign(c, { greedy_top2: inf(c.greedy_top2), seeded_top2: inf(c.seeded_top2) });
+    return v;
+  });
 }
 
 export const NO_VECTORS = "no test vectors: set EDGESPEC_VECTORS (pytest tests/test_android_core.py --android-core does)";
