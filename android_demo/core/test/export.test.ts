@@ -103,8 +103,10 @@ for (const v of all) {
       assert.equal(r.stats.kPerRound.length, r.stats.rounds);
     });
 
-    // (draft == target never rejects a drafted token, so there the bug cannot fire)
-    if (!v.draft_is_target) test("the replay catches an injected bug: a rollback that keeps the rejected token's stale row", async () => {
+    // Tiny fp32 pairs only: draft == target never rejects a drafted token (the bug cannot fire), and on the real
+    // pair (int4, 1.5B) the one stale row changed no argmax in any of the 4 prompts (measured 2026-12-01), so
+    // there it is not a check
+    if (v.exact && !v.draft_is_target) test("the replay catches an injected bug: a rollback that keeps the rejected token's stale row", async () => {
       const good = dec.rollBack;
       let caught = 0, fired = 0;
       dec.rollBack = (L, n) => { // the target keeps one row too many: the rejected token's KV entry stays
@@ -144,8 +146,11 @@ for (const v of all) {
           assert.ok(r.ok && r.consistent, `chat ${i}: ${r.problem}`);
           if (r.identical) continue;
           flips++;
-          assert.ok(r.plainGap! > 0 && r.plainGap! < FLIP_GAP && r.delta! >= r.plainGap!, `chat ${i}: g ${r.plainGap}, δ ${r.delta}`);
-          assert.equal(r.verifyTop2![0][0], r.plainTop2![1][0], "the verify row's top-1 is the plain row's top-2");
+          assert.ok(r.plainGap! > 0 && r.delta! >= r.plainGap!, `chat ${i}: g ${r.plainGap}, δ ${r.delta}`);
+          if (v.exact) { // int4: the plain row's own gap and runner-up may differ from the swapped verify row's
+            assert.ok(r.plainGap! < FLIP_GAP, `chat ${i}: g ${r.plainGap}`);
+            assert.equal(r.verifyTop2![0][0], r.plainTop2![1][0], "the verify row's top-1 is the plain row's top-2");
+          }
         }
       } finally {
         dec.target.forward = forward;
