@@ -392,8 +392,11 @@ def main(argv=None) -> int:
     tmp = args.out.with_name(args.out.name + ".json.tmp")
     tmp.write_text(json.dumps(result, indent=1))
     tmp.replace(args.out.with_name(args.out.name + ".json"))
-    plot(result, args.out.with_name(args.out.name + ".png"))
     print(table(result))
+    try:  # the JSON and the table never depend on the plot (matplotlib is the `bench` extra)
+        plot(result, args.out.with_name(args.out.name + ".png"))
+    except ModuleNotFoundError as e:
+        print(f"no plot: {e.name} is not installed (pip install -e '.[bench]')", file=sys.stderr)
     print(json.dumps(result["headline"], indent=1))
     return 0
 

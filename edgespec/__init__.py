@@ -21,7 +21,8 @@ __version__ = "0.1.0"
 
 _PUBLIC = {"AdaptiveK": "adaptive", "SpecDecoder": "decoder", "EdgespecError": "errors", "Generation": "generation",
            "GenerationOptions": "generation", "KPolicy": "kpolicy", "RoundPlan": "kpolicy", "RoundResult": "kpolicy",
-           "Proposal": "proposers", "Proposer": "proposers", "register": "proposers", "GenerationStats": "stats"}
+           "Proposal": "proposers", "Proposer": "proposers", "register": "proposers", "GenerationStats": "stats",
+           "Processing": "processors", "Constraint": "constrain"}
 __all__ = sorted(_PUBLIC) + ["__version__"]
 
 

@@ -1,4 +1,4 @@
-"""``edgespec`` command line: export, chat, generate, serve, info (and bench/eval).
+"""``edgespec`` command line: export, chat, generate, complete, serve, info (and bench/eval).
 
 Every user error ends as one line on stderr and exit code 2 (1 for runtime failures); never a traceback.
 """
@@ -119,7 +119,7 @@ def _add_provider_options(p: argparse.ArgumentParser) -> None:
                    help="an option of the execution provider, e.g. backend_path=libQnnHtp.so (repeatable)")
 
 
-_COMMANDS = ("export", "chat", "generate", "serve", "bench", "eval", "info", "voice")
+_COMMANDS = ("export", "chat", "generate", "serve", "bench", "eval", "info", "complete", "voice")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -159,6 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", help="the user message (default: read stdin)")
     p.add_argument("--raw", action="store_true", help="no chat template: the prompt is fed as is")
     p.add_argument("--json", action="store_true", help="print one JSON object with text and stats")
+    p.add_argument("--json-schema", metavar="FILE", default=None,
+                   help="constrain the output to JSON that validates against the JSON Schema in FILE "
+                        "(needs llguidance, extra serve)")
+
+    p = sub.add_parser("complete", help="fill in the middle: code before and after the cursor (FIM models)")
+    _add_generation_options(p)
+    from .fim_cli import add_arguments
+
+    add_arguments(p)
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the serve extra)")
     _add_generation_options(p)  # the sampling flags are the defaults of requests that do not set them
@@ -167,6 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=_nonneg_int, default=8,
                    help="requests that may wait while one generates; more get 429 (default %(default)s)")
     p.add_argument("--max-body-bytes", type=_pos_int, default=4 << 20, help="larger request bodies get 413")
+    p.add_argument("--infill-samplers", choices=("refuse", "server"), default="refuse",
+                   help="/infill requests whose `samplers` list names one edgespec lacks (llama.cpp's `infill`, "
+                        "sent by llama.vscode and llama.vim): refuse them (400, default), or sample them with the "
+                        "server's settings instead (reported as generation_settings.samplers_replaced)")
 
     p = sub.add_parser("bench", help="plain vs speculative modes on a prompt set: JSON + PNG")
     p.add_argument("dir", nargs="?", help="export directory (default: the default pair)")
@@ -387,14 +400,38 @@ def _gen_kwargs(a, decoder) -> dict:
     return dict(options=options, policy=_k_policy(a, decoder) if options.proposers else None)
 
 
+def _json_schema_constraint(path: str):
+    """The grammar of the JSON Schema in ``path``. Raises EdgespecError (one line): unreadable, not JSON, not
+    a schema llguidance compiles, or llguidance missing."""
+    from .constrain import Constraint
+
+    try:
+        schema = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise EdgespecError(f"--json-schema {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise EdgespecError(f"--json-schema {path}: not JSON ({str(e)[:80]})") from None
+    try:
+        return Constraint.json_schema(schema)
+    except ValueError as e:
+        raise EdgespecError(f"--json-schema {path}: {e}") from None
+
+
 def _cmd_generate(a) -> int:
     from .text import check_text
 
+    constraint = _json_schema_constraint(a.json_schema) if a.json_schema else None
     prompt = check_text(a.prompt, "--prompt") if a.prompt is not None else _read_stdin()
     if not prompt.strip():
         raise EdgespecError("empty prompt (give --prompt TEXT or text on stdin)")
     dec = _load(a)
     kw = _gen_kwargs(a, dec)
+    if constraint is not None:
+        import dataclasses
+
+        from .processors import Processing
+
+        kw["options"] = dataclasses.replace(kw["options"], processing=Processing(constraint=constraint))
     g = dec.generate(prompt, **kw) if a.raw else dec.generate(messages=[{"role": "user", "content": prompt}], **kw)
     if a.json:
         g.run()
@@ -419,6 +456,7 @@ def _cmd_serve(a) -> int:
     sock = serve.listen(a.host, a.port)  # before loading: a port in use is said at once
     dec = _load(a)
     engine = serve.Engine(dec, _gen_kwargs(a, dec), a.max_queue, a.max_new_tokens)
+    engine.infill_samplers = a.infill_samplers
     return serve.serve(engine, sock, a.max_body_bytes)
 
 
@@ -555,6 +593,10 @@ def _run(a) -> int:
         return _cmd_eval(a)
     if a.command == "generate":
         return _cmd_generate(a)
+    if a.command == "complete":
+        from .fim_cli import run_complete
+
+        return run_complete(a, _load, _gen_kwargs, _read_stdin)
     if a.command == "voice":
         from .voice.cli import run_voice
 

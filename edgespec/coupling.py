@@ -38,9 +38,12 @@ import numpy as np
 _M32 = np.uint32(0xFFFFFFFF)
 
 
-def hash32(x: np.ndarray | int) -> np.ndarray:
-    """lowbias32 of uint32 values (array or scalar), wrapping uint32 arithmetic; returns uint32 of the same shape."""
-    x = np.asarray(x, dtype=np.uint32).copy()
+def hash32(x: np.ndarray | int, out_of_place: bool = True) -> np.ndarray:
+    """lowbias32 of uint32 values (array or scalar), wrapping uint32 arithmetic; returns uint32 of the same shape
+    (``out_of_place`` False: a uint32 array given is overwritten)."""
+    x = np.asarray(x, dtype=np.uint32)
+    if out_of_place:
+        x = x.copy()
     with np.errstate(over="ignore"):
         x ^= x >> np.uint32(16)
         x *= np.uint32(0x7FEB352D)
@@ -68,10 +71,17 @@ def exponentials(seed: int, n: int, ids: np.ndarray) -> np.ndarray:
 
 
 def _exp_from(b: int, b2: int, h: np.ndarray) -> np.ndarray:
-    w1 = hash32(h ^ np.uint32(b))
-    w2 = hash32(h ^ np.uint32(b2))
-    u = ((w1 >> np.uint32(5)).astype(np.float64) * 67108864.0 + (w2 >> np.uint32(6)).astype(np.float64) + 0.5)
-    return -np.log(u * (1.0 / 9007199254740992.0))
+    w1 = hash32(h ^ np.uint32(b), out_of_place=False)
+    w2 = hash32(h ^ np.uint32(b2), out_of_place=False)
+    w1 >>= np.uint32(5)
+    w2 >>= np.uint32(6)
+    u = w1.astype(np.float64)
+    u *= 67108864.0
+    u += w2
+    u += 0.5
+    u *= 1.0 / 9007199254740992.0
+    np.log(u, out=u)
+    return np.negative(u, out=u)
 
 
 class GumbelCoupling:
@@ -105,26 +115,33 @@ class GumbelCoupling:
             return self._full[n][ids]
         return _exp_from(*position_key(self.seed, n), self._h[ids])
 
-    def _keys(self, dist: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    def _keys(self, dist: np.ndarray, n: int) -> tuple[np.ndarray | None, np.ndarray]:
+        """(ids, race keys E_n / dist over them): ids None means every id (keys inf where dist is 0)."""
         dist = np.asarray(dist)[:self.width]
-        support = np.flatnonzero(dist > 0)
-        if len(support) == 0:
+        nz = int(np.count_nonzero(dist > 0))
+        if nz == 0:
             raise ValueError("cannot sample: the distribution has no positive mass")
-        e = self.noise(n)[support] if len(support) * 4 > self.width else self.noise(n, support)
-        return support, e / dist[support]
+        if nz * 4 > self.width:  # a broad distribution: the whole cached noise vector, no gather
+            with np.errstate(divide="ignore"):
+                return None, self.noise(n) / dist
+        support = np.flatnonzero(dist > 0)
+        return support, self.noise(n, support) / dist[support]
 
     def choose(self, dist: np.ndarray, n: int) -> int:
         """argmin_v E_n(v) / dist(v) over dist > 0: an exact sample from norm(dist), keyed by (seed, n)."""
-        support, keys = self._keys(dist, n)
-        return int(support[int(np.argmin(keys))])
+        ids, keys = self._keys(dist, n)
+        i = int(np.argmin(keys))
+        return i if ids is None else int(ids[i])
 
     def candidates(self, dist: np.ndarray, n: int, m: int) -> list[int]:
         """The ``m`` tokens (at most the support's size) with the smallest race keys, best first; the first is
         :meth:`choose`."""
-        support, keys = self._keys(dist, n)
-        m = min(m, len(support))
+        ids, keys = self._keys(dist, n)
+        if ids is None:
+            ids = np.arange(len(keys))
+        m = min(m, int(np.isfinite(keys).sum()))
         if m <= 0:
             return []
         top = np.argpartition(keys, m - 1)[:m] if m < len(keys) else np.arange(len(keys))
-        top = top[np.lexsort((support[top], keys[top]))]
-        return [int(support[i]) for i in top]
+        top = top[np.lexsort((ids[top], keys[top]))]
+        return [int(ids[i]) for i in top]

@@ -19,6 +19,7 @@ from .kpolicy import FixedK, KPolicy, RoundPlan, RoundResult, Situation
 from .manifest import Manifest, load_manifest
 from .onnx_model import CPU, KVCache, OnnxLM, resolve_provider, use_shared_thread_pool
 from .pages import trim_heap
+from .processors import Pipeline, pipeline_for, process_rows, token_logprobs
 from .proposers import Proposer, resolve
 from .sampling import (SamplingParams, accept_reject, follow_choices, greedy_accept, probs, sample,
                        top1_probability, verify_tree)
@@ -70,6 +71,10 @@ class SpecDecoder:
         # the running generation's Gumbel coupling (seeded, drafter-invariant sampling), or None: proposers that
         # sample from q read it (see :mod:`.coupling`)
         self.coupling: GumbelCoupling | None = None
+        # the running generation's logits processors (:mod:`.processors`) for every target and draft row, or None
+        self.processor: Pipeline | None = None
+        self.logprobs_top: int | None = None  # report emitted tokens' logprobs with this many alternatives
+        self.step_logprobs: list = []  # the last prefill's or round's TokenLogprob per committed token
         if draft is not None and draft.spec.kept_token_ids:
             self.kept_ids = np.load(Path(draft.export_dir) / draft.spec.kept_token_ids).astype(np.int64)
         self.reset()
@@ -131,11 +136,13 @@ class SpecDecoder:
 
     # -- prompts ---------------------------------------------------------------------------------------
 
-    def encode(self, prompt: str | None = None, messages: list[dict] | None = None) -> list[int]:
+    def encode(self, prompt: str | None = None, messages: list[dict] | None = None,
+               tools: list[dict] | None = None) -> list[int]:
         """Token ids int64 of a raw prompt, or of chat ``messages`` rendered with the chat template.
 
         Message content is plain text: control-token text in it (``<|im_end|>``) does not become a control
         token (:func:`~edgespec.text.encode_chat`); a raw prompt is the caller's own markup and may hold them.
+        ``tools`` (OpenAI tool objects) are passed to the chat template, which renders them.
 
         Raises:
             ValueError: neither or both given, an empty prompt, messages that are not a list of
@@ -147,7 +154,7 @@ class SpecDecoder:
         if messages is not None:
             if self.template is None:
                 raise ValueError("this export has no chat template; pass a raw prompt")
-            ids = encode_chat(self.tokenizer, lambda: self.plain_tokenizer, self.template, messages)
+            ids = encode_chat(self.tokenizer, lambda: self.plain_tokenizer, self.template, messages, tools=tools)
         else:
             ids = self.tokenizer.encode(check_text(prompt, "prompt"), add_special_tokens=False).ids
         if not ids:
@@ -224,22 +231,41 @@ class SpecDecoder:
         if self.dcache is not None:
             self.dcache.crop(keep)
         self.tokens = list(ids)
-        p = probs(feed(self.target, ids[self.tcache.length:], self.tcache), sp)
+        logits = feed(self.target, ids[self.tcache.length:], self.tcache)
+        if self.processor is not None:  # edgespec.processors: penalties, logit bias, grammar mask
+            logits = self.processor(ids, logits)
+        p = probs(logits, sp)
         x = coupling.choose(p, len(ids)) if coupling is not None and not sp.greedy else sample(p, rng)
+        if self.logprobs_top is not None:
+            self.step_logprobs = token_logprobs(logits[None], [x], self.logprobs_top)
         self.tokens.append(x)
         return x
 
-    def draft_probs(self, logits: np.ndarray, sp: SamplingParams) -> np.ndarray:
+    def draft_probs(self, logits: np.ndarray, sp: SamplingParams, prefix=()) -> np.ndarray:
         """q float64 (V,) over the target's vocabulary from draft logits float32 (V_d,): a pruned head maps
-        back, q = 0 outside; a head wider than the target's vocabulary is truncated."""
+        back, q = 0 outside; a head wider than the target's vocabulary is truncated. ``prefix``: the proposal
+        tokens before this row (the logits processors see ``tokens`` + ``prefix``, as for the target's row)."""
+        if self.processor is not None:
+            return probs(self._draft_processed(logits, prefix), sp)
         if self.kept_ids is None:
             return probs(logits, sp, self.width)
         q = np.zeros(self.width, dtype=np.float64)
         q[self.kept_ids] = probs(logits, sp)
         return q
 
-    def draft_argmax(self, logits: np.ndarray) -> int:
-        """The draft's greedy token as a target id (ids the target cannot take are out)."""
+    def _draft_processed(self, logits: np.ndarray, prefix) -> np.ndarray:
+        """Draft logits float32 (V_d,) on the target's ids (-inf where a pruned head has none), processed."""
+        if self.kept_ids is not None:
+            full = np.full(self.width, -np.inf, dtype=np.float32)
+            full[self.kept_ids] = logits
+            logits = full
+        return self.processor(self.tokens + list(prefix), logits)
+
+    def draft_argmax(self, logits: np.ndarray, prefix=()) -> int:
+        """The draft's greedy token as a target id (ids the target cannot take are out); ``prefix`` as for
+        :meth:`draft_probs`."""
+        if self.processor is not None:
+            return int(np.argmax(self._draft_processed(logits, prefix)))
         best = int(np.argmax(logits if self.kept_ids is not None else logits[:self.width]))
         return int(self.kept_ids[best]) if self.kept_ids is not None else best
 
@@ -265,9 +291,14 @@ class SpecDecoder:
         draft_ms = (time.perf_counter() - t0) * 1e3 if prop is not None else 0.0
         # 2. verify: the target scores `last` and every proposal token in one run → logits float32 (N+1, V)
         logits = self._verify(L, tree)
+        if self.processor is not None:  # the same processors as the draft's rows, per position (processors.py)
+            logits = process_rows(self.processor, self.tokens, tree, logits)
         # 3. accept: the rule of sampling.py — min(1, p/q) per token, a correction from norm(max(0, p - q)),
         #    or a bonus token from p after the last accepted one
         path, x = self._accept(tree, logits, sp, rng, L)
+        if self.logprobs_top is not None:  # each committed token's row: the root's, then its parent node's
+            rows = [0] + [i + 1 for i in path]
+            self.step_logprobs = token_logprobs(logits[rows], [tree.tokens[i] for i in path] + [x], self.logprobs_top)
         # 4. roll back: keep the accepted path's KV entries, then commit
         self._roll_back(L, path, draft_kept=min(len(path), prop.draft_rows) if prop is not None else 0)
         self.tokens += [tree.tokens[i] for i in path] + [x]
@@ -367,10 +398,12 @@ class SpecDecoder:
         verified position stays inside the context. ``stats`` (if given) is filled in place.
 
         Raises:
-            ValueError: empty prompt, prompt not shorter than the context, a proposer this decoder cannot run.
+            ValueError: empty prompt, prompt not shorter than the context, a proposer this decoder cannot run,
+                processing it cannot apply (a logit_bias id out of range, a grammar that does not compile).
         """
         o = options or GenerationOptions()
         proposers = self.proposers_for(o)
+        pipeline = pipeline_for(o.processing, self.tokenizer, self.width, self.stop_ids, len(input_ids))
         if len(input_ids) == 0:
             raise ValueError("the prompt is empty")
         if len(input_ids) >= self.context_length:
@@ -381,7 +414,7 @@ class SpecDecoder:
         stats.provider = self.target.provider
         drafts = any(p.uses_draft for p in proposers)
         stats.mode = "spec" if drafts else "+".join(p.name for p in proposers) or "plain"
-        return self._generate(list(input_ids), o, proposers, policy, stats)
+        return self._generate(list(input_ids), o, proposers, policy, stats, pipeline)
 
     def _plan(self, policy: KPolicy, proposers: list[Proposer], cap: int, remaining: int) -> RoundPlan:
         """Ask the policy, then keep the plan feasible: only offered proposers, sizes within ``cap``, a catch-up
@@ -398,7 +431,19 @@ class SpecDecoder:
         return RoundPlan(plan.proposer, max(0, min(plan.k, cap)), max(0, min(plan.n_nodes, cap)),
                          max(0, plan.catchup_tokens) if drafting else 0)
 
-    def _generate(self, input_ids, o: GenerationOptions, proposers, policy: KPolicy, stats: GenerationStats):
+    def _generate(self, input_ids, o: GenerationOptions, proposers, policy: KPolicy, stats: GenerationStats,
+                  pipeline: Pipeline | None):
+        """The generation's processors and logprobs setting are the decoder's for its duration (a newer
+        generation that replaced it keeps its own)."""
+        self.processor, self.logprobs_top, self.step_logprobs = pipeline, o.logprobs, []
+        owner = self._processing_owner = object()
+        try:
+            yield from self._generate_rounds(input_ids, o, proposers, policy, stats)
+        finally:
+            if self._processing_owner is owner:
+                self.processor = self.logprobs_top = None
+
+    def _generate_rounds(self, input_ids, o: GenerationOptions, proposers, policy: KPolicy, stats: GenerationStats):
         stats.prompt_tokens = len(input_ids)
         sp = o.sampling
         rng = np.random.default_rng(o.seed)
@@ -423,6 +468,8 @@ class SpecDecoder:
                     stats.record_round(result, used)
                 stats.new_tokens += used
                 emitted = new[:used - (stop is not None)]
+                if self.logprobs_top is not None:
+                    stats.token_logprobs += self.step_logprobs[:len(emitted)]
                 if stop is not None:
                     stats.stop_reason = "stop_token"
                 yield emitted, min(result.accepted if result is not None else 0, len(emitted))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Iterator
 
+from .processors import MAX_TOP_LOGPROBS, Processing
 from .proposers import PROPOSERS, Proposer
 from .sampling import SamplingParams
 from .stats import GenerationStats
@@ -22,7 +23,10 @@ class GenerationOptions:
     :class:`~edgespec.proposers.Proposer` instances; ``()`` is plain decoding with the target alone. Without a
     K policy, each round drafts a fixed ``k`` tokens (K, the draft length) or, from a tree proposer, a tree of
     ``n_nodes``. ``draft_p_min`` stops a draft chain once the draft's top probability falls below it.
-    ``temperature`` 0 is greedy; ``top_k`` 0 and ``top_p`` 1 are off.
+    ``temperature`` 0 is greedy; ``top_k`` 0 and ``top_p`` 1 are off. ``processing``
+    (:class:`~edgespec.processors.Processing`: penalties, logit bias, a grammar constraint) changes the logits of
+    the target and the draft alike before sampling. ``logprobs`` (None: off; 0..20) records each emitted token's
+    logprob and that many alternatives in ``stats.token_logprobs``.
 
     ``coupling`` picks the sampling rule (greedy ignores it): ``"gumbel"`` is drafter-invariant seeded sampling
     (:mod:`.coupling`: the output depends only on the seed and the target, never on K, the proposers or the
@@ -44,6 +48,8 @@ class GenerationOptions:
     n_nodes: int = 8
     draft_p_min: float | None = None
     coupling: str = "auto"
+    processing: Processing | None = None
+    logprobs: int | None = None
 
     def __post_init__(self):
         if isinstance(self.proposers, (str, Proposer)) or not hasattr(self.proposers, "__iter__"):
@@ -72,6 +78,11 @@ class GenerationOptions:
             raise ValueError(f"draft_p_min must be in [0, 1], got {self.draft_p_min}")
         if self.coupling not in COUPLINGS:
             raise ValueError(f"coupling must be one of {', '.join(COUPLINGS)}, got {self.coupling!r}")
+        if self.processing is not None and not isinstance(self.processing, Processing):
+            raise ValueError(f"processing must be an edgespec.processors.Processing, got {self.processing!r}")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise ValueError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
         self.sampling  # validates temperature, top_k, top_p
 
     @property

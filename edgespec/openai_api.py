@@ -3,7 +3,9 @@
 Pure Python (no HTTP library): :func:`parse_chat` and :func:`parse_completion` turn a decoded JSON body into a
 typed :class:`Request` or raise :class:`RequestError` (an HTTP status and an OpenAI-style error object);
 the ``*_object`` builders give the response and stream-chunk shapes of the chat-completions and completions
-APIs, with edgespec's own figures under the ``"edgespec"`` key.
+APIs, with edgespec's own figures under the ``"edgespec"`` key. A field edgespec does not implement is refused
+(400 naming it), never ignored: :data:`CHAT_FIELDS` and :data:`COMPLETION_FIELDS` are what it accepts (the
+README's table). The tools, response-format, logprobs and penalty fields are parsed in :mod:`.openai_fields`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+from .openai_fields import check_fields, parse_extras, tool_message
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_STOP = 4  # as the OpenAI API
 
 
@@ -53,6 +57,8 @@ class Request:
     stream: bool = False
     include_usage: bool = False
     latency_budget_ms: float | None = None
+    # openai_fields.Extras: tools, tool_choice, response format, logprobs, penalties, logit_bias, echo
+    extras: object = None
 
 
 def _text(v, param: str) -> str:
@@ -125,7 +131,7 @@ def _messages(v) -> tuple[dict, ...]:
             raise RequestError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}",
                                "messages")
         content = "" if role == "assistant" and m.get("content") is None else _content(m.get("content"), i)
-        out.append({"role": ROLES[role], "content": content})
+        out.append({"role": ROLES[role], "content": content, **tool_message(m, i, role)})
     return tuple(out)
 
 
@@ -138,16 +144,21 @@ def _stop(v) -> tuple[str, ...]:
     return tuple(s for s in (_text(s, "stop") for s in stops) if s)
 
 
-def _common(body: dict) -> dict:
+def _common(body: dict, chat: bool) -> dict:
     """The fields chat and text completions share."""
+    check_fields(body, chat)
     if body.get("n") not in (None, 1):
         raise RequestError(400, "n must be 1 (one choice per request)", "n")
     so = body.get("stream_options")
     if so is not None and not isinstance(so, dict):
         raise RequestError(400, "stream_options must be an object", "stream_options")
+    for k in set(so or {}) - {"include_usage"}:
+        raise RequestError(400, f"stream_options.{k} is not supported (only include_usage)", f"stream_options.{k}")
     ext = body.get("edgespec")
     if ext is not None and not isinstance(ext, dict):
         raise RequestError(400, "edgespec must be an object", "edgespec")
+    for k in set(ext or {}) - {"latency_budget_ms"}:
+        raise RequestError(400, f"edgespec.{k} is not supported (only latency_budget_ms)", f"edgespec.{k}")
     max_tokens = _int(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", 1)
@@ -163,6 +174,7 @@ def _common(body: dict) -> dict:
         stream=_bool(body, "stream"),
         include_usage=_bool(so or {}, "include_usage"),
         latency_budget_ms=_float(ext or {}, "latency_budget_ms", lambda v: v > 0, "> 0 ms"),
+        extras=parse_extras(body, chat),
     )
 
 
@@ -172,7 +184,7 @@ def parse_chat(body) -> Request:
         raise RequestError(400, "the request body must be a JSON object")
     if "messages" not in body:
         raise RequestError(400, "messages is required", "messages")
-    return Request(messages=_messages(body["messages"]), **_common(body))
+    return Request(messages=_messages(body["messages"]), **_common(body, chat=True))
 
 
 def parse_completion(body, vocab_size: int) -> Request:
@@ -186,11 +198,11 @@ def parse_completion(body, vocab_size: int) -> Request:
     if isinstance(p, str):
         if not p:
             raise RequestError(400, "prompt must not be empty", "prompt")
-        return Request(prompt=_text(p, "prompt"), **_common(body))
+        return Request(prompt=_text(p, "prompt"), **_common(body, chat=False))
     if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
         if not all(0 <= t < vocab_size for t in p):
             raise RequestError(400, f"prompt token ids must be in [0, {vocab_size})", "prompt")
-        return Request(prompt_ids=tuple(p), **_common(body))
+        return Request(prompt_ids=tuple(p), **_common(body, chat=False))
     raise RequestError(400, "prompt must be a non-empty string or list of token ids (one prompt per request)",
                        "prompt")
 
@@ -250,22 +262,29 @@ def extension_object(stats, queue_ms: float) -> dict:
             "stop_reason": stats.stop_reason}
 
 
-def response_object(chat: bool, rid: str, model: str, text: str, finish: str, usage: dict, ext: dict) -> dict:
-    """A whole (non-streamed) ``chat.completion`` or ``text_completion``."""
-    choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish,
-               "logprobs": None} if chat else
-              {"index": 0, "text": text, "finish_reason": finish, "logprobs": None})
+def response_object(chat: bool, rid: str, model: str, text: str, finish: str, usage: dict, ext: dict,
+                    tool_calls: list | None = None, logprobs: dict | None = None) -> dict:
+    """A whole (non-streamed) ``chat.completion`` or ``text_completion``; ``tool_calls`` (OpenAI call objects;
+    the content is then None when empty) and ``logprobs`` (the choice's object) where asked for."""
+    message = {"role": "assistant", "content": text}
+    if tool_calls:
+        message = {"role": "assistant", "content": text or None, "tool_calls": tool_calls}
+    choice = ({"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs} if chat else
+              {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs})
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
             "model": model, "choices": [choice], "usage": usage, "edgespec": ext}
 
 
 def chunk_object(chat: bool, rid: str, model: str, text: str | None, finish: str | None = None,
-                 first: bool = False) -> dict:
-    """One stream chunk: a text delta, or (``finish`` set) the closing chunk with an empty delta."""
+                 first: bool = False, tool_calls: list | None = None, logprobs: dict | None = None) -> dict:
+    """One stream chunk: a text delta, tool-call deltas (OpenAI's ``[{"index", "id", "type", "function"}]``),
+    or (``finish`` set) the closing chunk with an empty delta; ``logprobs`` of the chunk's tokens."""
     if chat:
         delta = {"role": "assistant", "content": ""} if first else ({} if text is None else {"content": text})
-        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        if tool_calls:
+            delta = {"tool_calls": tool_calls}
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
     else:
-        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
     return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
             "model": model, "choices": [choice]}

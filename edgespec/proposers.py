@@ -130,14 +130,16 @@ class DraftChain(Proposer):
                 prop.draft_step_ms.append(ms)
             else:  # the feed's time includes drafting the first token (one draft step)
                 prop.catchup_ms, prop.catchup_tokens = ms, len(feed) - 1
-            if self.p_min is not None and i > 0 and dec.draft_probs(logits, SamplingParams(1.0)).max() < self.p_min:
+            # `drafted`: the proposal prefix before this row, for the logits processors (processors.py)
+            if self.p_min is not None and i > 0 and \
+                    dec.draft_probs(logits, SamplingParams(1.0), drafted).max() < self.p_min:
                 break
             if sp.greedy:
-                drafted.append(dec.draft_argmax(logits))
+                drafted.append(dec.draft_argmax(logits, drafted))
             elif dec.coupling is not None:  # the draft's race choice with the target's noise at this position
-                drafted.append(dec.coupling.choose(dec.draft_probs(logits, sp), len(dec.tokens) + i))
+                drafted.append(dec.coupling.choose(dec.draft_probs(logits, sp, drafted), len(dec.tokens) + i))
             else:
-                q.append(dec.draft_probs(logits, sp))
+                q.append(dec.draft_probs(logits, sp, drafted))
                 drafted.append(sample(q[-1], rng))
             feed = drafted[-1:]
         prop.tree = TokenTree.chain(drafted, q or None)
@@ -176,7 +178,7 @@ class DraftTree(Proposer):
         for depth in range(1, shape.depth + 1):
             level = []
             for v, row in zip(frontier, logits):
-                q = dec.draft_probs(row, sp_tree)
+                q = dec.draft_probs(row, sp_tree, tree.path_tokens(v))  # the prefix, for the processors
                 tree.q[v] = q
                 m = min(1 if q.max() >= shape.confident else shape.branch, shape.budget - len(tree))
                 if dec.coupling is not None:  # the m best of the race at this position (its choice first)

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 from .openai_api import (Request, RequestError, StopMatcher, chunk_object, error_object, extension_object,
                          new_id, parse_chat, parse_completion, response_object, usage_object)
+from .serve_fields import encode_request, generation_overrides
+from .serve_output import Choice
 
 MAX_BODY_BYTES = 4 << 20
 
@@ -26,8 +28,14 @@ MAX_BODY_BYTES = 4 << 20
 @dataclass
 class Job:
     """One queued generation. The worker thread posts ``(kind, ...)`` events to ``events`` on ``loop``:
-    ``("text", str)``, then ``("done", finish_reason, stats, cached_tokens, queue_ms)`` or
-    ``("error", status, message)``."""
+    ``("text", str)`` (``("text", str, [TokenLogprob])`` when ``logprobs``), then
+    ``("done", finish_reason, stats, cached_tokens, queue_ms)`` or ``("error", status, message)``. ``echo``:
+    text sent first (the prompt, for completions' ``echo``).
+
+    Completion jobs (:mod:`.fim_serve`) also set ``stop_ids`` (tokens that end this generation besides the
+    export's stop tokens), ``matcher`` (a :class:`~edgespec.fim.MiddleCutter` in place of the stop-string
+    matcher), ``evaluate_only`` (cache the prompt, generate nothing), ``cache_prompt`` (False: no KV reuse) and
+    ``client`` (a newer job of the same client replaces this one: it is cancelled with a 409)."""
 
     ids: list[int]
     overrides: dict
@@ -37,6 +45,14 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
     enqueued: float = field(default_factory=time.perf_counter)
+    stop_ids: frozenset = frozenset()
+    matcher: object = None
+    evaluate_only: bool = False
+    cache_prompt: bool = True
+    client: str | None = None
+    superseded: bool = False
+    logprobs: bool = False
+    echo: str = ""
 
     def post(self, *event) -> None:
         try:
@@ -62,6 +78,7 @@ class Engine:
         self.running = False
         self.counts = {"completed": 0, "cancelled": 0, "rejected": 0, "failed": 0}
         self._lock = threading.Lock()
+        self._latest: dict[str, Job] = {}  # client → its newest replaceable job
         self.model = decoder.manifest.name if decoder.manifest else "edgespec"
         self._thread = threading.Thread(target=self._work, name="edgespec-generate", daemon=True)
         self._thread.start()
@@ -78,6 +95,12 @@ class Engine:
                 raise RequestError(429, f"the server is busy ({self.waiting} requests waiting); retry later",
                                    code="rate_limit_exceeded", kind="rate_limit_error")
             self.waiting += 1
+            if job.client is not None:  # a newer completion from the same client replaces its unfinished one
+                old = self._latest.get(job.client)
+                if old is not None and not old.cancel.is_set():
+                    old.superseded = True
+                    old.cancel.set()
+                self._latest[job.client] = job
         self.jobs.put(job)
 
     def health(self) -> dict:
@@ -98,8 +121,9 @@ class Engine:
             with self._lock:
                 self.waiting -= 1
                 self.running = not job.cancel.is_set()
-                if not self.running:  # its client left while it waited
+                if not self.running:  # its client left (or replaced it) while it waited
                     self.counts["cancelled"] += 1
+                    _post_superseded(job)
                     continue
             try:
                 outcome = self._generate(job)
@@ -113,33 +137,54 @@ class Engine:
             with self._lock:
                 self.running = False
                 self.counts[outcome] += 1
+                if job.client is not None and self._latest.get(job.client) is job:
+                    del self._latest[job.client]
 
     def _generate(self, job: Job) -> str:
         from .decoder import _common_prefix
 
         d = self.decoder
         queue_ms = (time.perf_counter() - job.enqueued) * 1e3
+        if not job.cache_prompt:
+            d.reset()
         cached = min(_common_prefix(d.tokens, job.ids), len(job.ids) - 1, d.tcache.length)
+        if job.evaluate_only:
+            from .fim_serve import evaluate_only
+
+            return evaluate_only(d, job, cached, queue_ms)
         policy = _policy(self.gen_kwargs)
         saved = getattr(policy, _BUDGET_ATTR, None)
         if job.budget_ms is not None:  # this request's budget; the controller's learning carries over
             setattr(policy, _BUDGET_ATTR, job.budget_ms)
+        stop_ids = d.stop_ids
+        d.stop_ids = stop_ids | job.stop_ids  # this job's own end tokens (a FIM middle ends at <|file_sep|>)
         try:
             g = d.generate(input_ids=job.ids, **{**self.gen_kwargs, **job.overrides})
             return self._stream(job, g, cached, queue_ms)
         finally:
+            d.stop_ids = stop_ids
             if job.budget_ms is not None:
                 setattr(policy, _BUDGET_ATTR, saved)
 
     def _stream(self, job: Job, g, cached: int, queue_ms: float) -> str:
-        matcher, finish = StopMatcher(job.stops), None
+        matcher, finish = job.matcher or StopMatcher(job.stops), None
+        if hasattr(matcher, "start"):
+            matcher.start()
         chunks = g.chunks()
+        sent = 0  # tokens whose logprobs were posted (with job.logprobs)
+        if job.echo:
+            job.post("text", job.echo)
         try:
             for piece, _ in chunks:
                 if job.cancel.is_set():
+                    _post_superseded(job)
                     return "cancelled"
                 out = matcher.push(piece)
-                if out:
+                if job.logprobs:  # the logprobs of the tokens consumed so far ride on the text they made
+                    n = len(g.token_ids)
+                    job.post("text", out, g.stats.token_logprobs[sent:n])
+                    sent = n
+                elif out:
                     job.post("text", out)
                 if matcher.hit:
                     finish = "stop"
@@ -153,6 +198,11 @@ class Engine:
             finish = "stop" if g.stats.stop_reason == "stop_token" else "length"
         job.post("done", finish, g.stats, cached, queue_ms)
         return "completed"
+
+
+def _post_superseded(job: Job) -> None:
+    if job.superseded:  # its client is still waiting for an answer
+        job.post("error", 409, "cancelled: a newer completion request from the same client replaced it")
 
 
 # -- HTTP ----------------------------------------------------------------------------------------------
@@ -195,10 +245,15 @@ def _job_for(engine: Engine, req: Request, ids: list[int], loop) -> Job:
     for name in ("temperature", "top_p", "top_k", "seed"):
         if getattr(req, name) is not None:
             o[name] = getattr(req, name)
+    o.update(generation_overrides(engine.decoder, req.extras))  # penalties, bias, grammar, logprobs
     if req.latency_budget_ms is not None and _policy(engine.gen_kwargs) is None:
         raise RequestError(400, "a latency budget needs adaptive K (the server runs a fixed K)",
                            "edgespec.latency_budget_ms")
-    return Job(list(ids), o, req.stop, req.latency_budget_ms, loop)
+    echo = ""
+    if req.extras is not None and req.extras.echo:
+        echo = req.prompt if req.prompt is not None else engine.decoder.tokenizer.decode(list(ids))
+    return Job(list(ids), o, req.stop, req.latency_budget_ms, loop,
+               logprobs=req.extras is not None and req.extras.logprobs is not None, echo=echo)
 
 
 _POLICY_KEY = "policy"  # the keyword of SpecDecoder.generate that takes the K policy
@@ -212,13 +267,17 @@ def _policy(gen_kwargs: dict):
 
 
 def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):
-    """The starlette application: /v1/chat/completions, /v1/completions, /v1/models, /health."""
+    """The starlette application: /v1/chat/completions, /v1/completions (``suffix``: fill in the middle),
+    /v1/models, /health, and the code-completion routes of :mod:`.fim_serve` (/infill, /api/generate,
+    /api/tags)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.concurrency import run_in_threadpool
     from starlette.requests import ClientDisconnect
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
+
+    from . import fim_serve
 
     def error(e: RequestError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
@@ -231,21 +290,20 @@ def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):
         return JSONResponse(error_object("internal error", "server_error"), status_code=500)
 
     def encode(req: Request) -> list[int]:
-        if req.prompt_ids is not None:
-            return list(req.prompt_ids)
-        try:
-            if req.messages is not None:
-                return engine.decoder.encode(messages=list(req.messages))
-            return engine.decoder.encode(req.prompt)
-        except ValueError as e:  # template refusal, empty prompt
-            raise RequestError(400, str(e), "messages" if req.messages is not None else "prompt") from None
+        return encode_request(engine.decoder, req)
 
     async def complete(request, chat: bool):
         try:
             body = await _read_json(request, max_body_bytes)
             req = parse_chat(body) if chat else parse_completion(body, engine.decoder.target.spec.vocab_size)
-            ids = await run_in_threadpool(encode, req)
+            suffix = None if chat else fim_serve.completion_suffix(body)
+            if suffix is None:
+                ids = await run_in_threadpool(encode, req)
+            else:  # OpenAI's insert mode: the prompt is the code before, the suffix the code after
+                ids = await run_in_threadpool(fim_serve.suffix_ids, engine, req, suffix)
             job = _job_for(engine, req, ids, asyncio.get_running_loop())
+            if suffix is not None:
+                fim_serve.mark_fim(engine, job)
             engine.submit(job)
         except RequestError as e:
             return error(e)
@@ -253,10 +311,11 @@ def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):
             return Response(status_code=499)
         rid = new_id("chatcmpl" if chat else "cmpl")
         if req.stream:
-            return StreamingResponse(_sse(job, request, chat, rid, engine.model, req.include_usage),
+            return StreamingResponse(_sse(job, request, chat, rid, engine.model, req.include_usage,
+                                          Choice(chat, req.extras, engine.decoder.tokenizer)),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         watcher = asyncio.ensure_future(_wait_disconnect(request))
-        text = []
+        choice = Choice(chat, req.extras, engine.decoder.tokenizer)
         try:
             while True:
                 getter = asyncio.ensure_future(job.events.get())
@@ -266,15 +325,18 @@ def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):
                     return Response(status_code=499)
                 ev = getter.result()
                 if ev[0] == "text":
-                    text.append(ev[1])
+                    choice.push(ev[1], ev[2] if len(ev) > 2 else ())
                 elif ev[0] == "error":
                     return JSONResponse(error_object(ev[2], "invalid_request_error" if ev[1] < 500 else "server_error"),
                                         status_code=ev[1])
                 else:
                     _, finish, stats, cached, queue_ms = ev
-                    return JSONResponse(response_object(chat, rid, engine.model, "".join(text), finish,
+                    choice.flush()
+                    return JSONResponse(response_object(chat, rid, engine.model, choice.text,
+                                                        choice.finish_reason(finish),
                                                         usage_object(len(job.ids), stats.new_tokens, cached),
-                                                        extension_object(stats, queue_ms)))
+                                                        _extension(stats, queue_ms, choice), choice.tool_calls,
+                                                        choice.logprobs()))
         finally:
             job.cancel.set()
             watcher.cancel()
@@ -295,7 +357,7 @@ def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):
     routes = [Route("/v1/chat/completions", chat_completions, methods=["POST"]),
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/models", models, methods=["GET"]),
-              Route("/health", health, methods=["GET"])]
+              Route("/health", health, methods=["GET"]), *fim_serve.routes(engine, max_body_bytes)]
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
 
 
@@ -303,9 +365,17 @@ def _sse_line(obj) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n\n"
 
 
-async def _sse(job: Job, request, chat: bool, rid: str, model: str, include_usage: bool):
-    """Server-sent events: text deltas, a closing chunk (finish_reason and the ``edgespec`` figures), the
-    usage chunk if asked for, then ``data: [DONE]``. Leaving early (client gone) cancels the job."""
+def _extension(stats, queue_ms: float, choice: Choice) -> dict:
+    ext = extension_object(stats, queue_ms)
+    if choice.invalid_tool_calls:  # <tool_call> blocks that did not parse: left in the content as text
+        ext["invalid_tool_calls"] = choice.invalid_tool_calls
+    return ext
+
+
+async def _sse(job: Job, request, chat: bool, rid: str, model: str, include_usage: bool, choice: Choice):
+    """Server-sent events: text deltas (and tool-call deltas, through ``choice``), a closing chunk
+    (finish_reason and the ``edgespec`` figures), the usage chunk if asked for, then ``data: [DONE]``. Leaving
+    early (client gone) cancels the job."""
     watcher = asyncio.ensure_future(_wait_disconnect(request))
     watcher.add_done_callback(lambda _: job.cancel.set())
     try:
@@ -314,14 +384,17 @@ async def _sse(job: Job, request, chat: bool, rid: str, model: str, include_usag
         while True:
             ev = await job.events.get()
             if ev[0] == "text":
-                yield _sse_line(chunk_object(chat, rid, model, ev[1]))
+                for d in choice.push(ev[1], ev[2] if len(ev) > 2 else ()):
+                    yield _sse_line(chunk_object(chat, rid, model, **d))
             elif ev[0] == "error":
                 yield _sse_line(error_object(ev[2], "server_error" if ev[1] >= 500 else "invalid_request_error"))
                 break
             else:
                 _, finish, stats, cached, queue_ms = ev
-                last = chunk_object(chat, rid, model, None, finish)
-                last["edgespec"] = extension_object(stats, queue_ms)
+                for d in choice.flush():
+                    yield _sse_line(chunk_object(chat, rid, model, **d))
+                last = chunk_object(chat, rid, model, None, choice.finish_reason(finish))
+                last["edgespec"] = _extension(stats, queue_ms, choice)
                 yield _sse_line(last)
                 if include_usage:
                     u = chunk_object(chat, rid, model, None)

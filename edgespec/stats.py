@@ -53,6 +53,8 @@ class GenerationStats:
     latency_budget_ms: float | None = None
     provider: str = ""  # the execution provider the target ran on
     coupling: str = ""  # how tokens were chosen: "greedy", "standard" (accept/reject) or "gumbel" (seeded)
+    # with GenerationOptions.logprobs: one processors.TokenLogprob per emitted token (not in to_dict)
+    token_logprobs: list = field(default_factory=list, repr=False)
 
     def round_latency(self) -> dict:
         """p50/p95 round time (ms) and, with a latency budget, the share of rounds over it."""
@@ -138,6 +140,7 @@ class GenerationStats:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d.pop("token_logprobs")
         d.update(self.round_latency())
         d.update(evaluated=self.evaluated, alpha=self.alpha, draft_acceptance=self.draft_acceptance,
                  mean_accepted_length=self.mean_accepted_length,

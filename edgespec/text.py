@@ -24,23 +24,49 @@ RENDER_SECONDS = 2.0  # a chat template that runs longer is stopped (a runaway l
 MAX_SIZE = 10_000_000  # largest int argument, string/list repetition or power a template may compute
 
 
+# Added tokens that Qwen2.5's own tokenizer configuration marks ``"special": false`` (ordinary text when decoded),
+# while a GGUF marks the six FIM/repository ones CONTROL, so an export converted from a GGUF has them special:
+# decoding keeps them as text (a FIM answer's ``<|file_sep|>`` is a file boundary, ``<tool_call>`` a tool call).
+# Source: tokenizer_config.json of Qwen/Qwen2.5-Coder-1.5B-Instruct, ids 151657-151664.
+TEXT_TOKENS = frozenset({"<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
+                         "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"})
+
+
+def control_ids(tokenizer: Tokenizer) -> frozenset[int]:
+    """Ids of the control tokens that decoding drops: the added tokens marked special, but :data:`TEXT_TOKENS`."""
+    return frozenset(i for i, t in tokenizer.get_added_tokens_decoder().items()
+                     if t.special and t.content not in TEXT_TOKENS)
+
+
+def decode(tokenizer: Tokenizer, ids, skip_special_tokens: bool = True, skip: frozenset[int] | None = None) -> str:
+    """Text of token ids (int). With ``skip_special_tokens``, control tokens (``<|im_end|>``) are dropped and
+    :data:`TEXT_TOKENS` kept as text, as the model's own tokenizer configuration says; ``skip``: precomputed
+    :func:`control_ids`."""
+    ids = [int(i) for i in ids]
+    if skip_special_tokens:
+        skip = control_ids(tokenizer) if skip is None else skip
+        ids = [i for i in ids if i not in skip]
+    return tokenizer.decode(ids, skip_special_tokens=False)
+
+
 class IncrementalDetokenizer:
     """Turns a growing token list into text pieces without ever emitting a partial UTF-8 character.
 
     Keeps a short window of already-emitted tokens as context (byte-level BPE and SentencePiece decoders
     depend on neighbours), decodes window+new, and emits only the part past the already-emitted text once
-    it no longer ends in U+FFFD. The concatenation of all pieces equals ``decode(all tokens)``.
+    it no longer ends in U+FFFD. The concatenation of all pieces equals :func:`decode` of all tokens (control
+    tokens dropped, :data:`TEXT_TOKENS` kept, unless ``skip_special_tokens`` is False: then every token is text).
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
         self.tok = tokenizer
-        self.skip = skip_special_tokens
+        self.skip = control_ids(tokenizer) if skip_special_tokens else frozenset()
         self.ids: list[int] = []
         self.prefix = 0  # start of the context window
         self.read = 0  # tokens whose text has been emitted
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tok.decode(ids, skip_special_tokens=self.skip)
+        return self.tok.decode([i for i in ids if i not in self.skip], skip_special_tokens=False)
 
     def push(self, ids) -> str:
         """Add token ids; returns the newly completed text (possibly empty)."""
@@ -167,6 +193,14 @@ def _sandbox():
     return Sandbox
 
 
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    """Hugging Face's ``tojson`` for chat templates (transformers' ``chat_template_utils``): plain
+    ``json.dumps``, keys in their order, no HTML escaping (jinja2's own sorts keys and escapes ``<``)."""
+    import json
+
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
 class ChatTemplate:
     """A Hugging Face style Jinja chat template rendered in jinja2's immutable sandbox, bounded in time
     (:data:`RENDER_SECONDS`) and in the size of values it builds.
@@ -183,7 +217,8 @@ class ChatTemplate:
 
         env = _sandbox()(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
-        self.name = name
+        env.filters["tojson"] = _tojson
+        self.name, self.source = name, source
         try:
             self.template = env.from_string(source)
         except TemplateSyntaxError as e:
@@ -192,8 +227,9 @@ class ChatTemplate:
             raise EdgespecError(f"{name}: chat template too deeply nested") from None
         self.bos_token, self.eos_token = bos_token, eos_token
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The prompt text for ``messages`` (``[{"role": ..., "content": ...}]``).
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None) -> str:
+        """The prompt text for ``messages`` (``[{"role": ..., "content": ...}]``); ``tools`` (OpenAI tool objects)
+        are passed to the template as ``tools`` when given, as Hugging Face's ``apply_chat_template`` does.
 
         Raises:
             ValueError: the template raised (``raise_exception``, an undefined name, a sandbox violation,
@@ -201,8 +237,9 @@ class ChatTemplate:
         """
         try:
             with _time_bound(RENDER_SECONDS):
+                extra = {"tools": tools} if tools else {}
                 out = self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                           bos_token=self.bos_token, eos_token=self.eos_token)
+                                           bos_token=self.bos_token, eos_token=self.eos_token, **extra)
         except _RenderTimeout:
             raise ValueError(f"{self.name}: rendering took longer than {RENDER_SECONDS:g} s "
                              "(a runaway loop in the chat template?)") from None
@@ -236,27 +273,27 @@ def plain_text_tokenizer(tokenizer: Tokenizer) -> Tokenizer:
 
 
 def encode_chat(tokenizer: Tokenizer, plain: Callable[[], Tokenizer], template: ChatTemplate, messages: list[dict],
-                add_generation_prompt: bool = True) -> list[int]:
+                add_generation_prompt: bool = True, tools: list[dict] | None = None) -> list[int]:
     """Token ids of ``messages`` rendered with ``template``; message content is plain text.
 
     Only the template's own markup produces control tokens: when a message holds the text of an added token
     (``<|im_end|>``), the template is rendered around placeholders and each content is encoded with
     the tokenizer ``plain()`` returns (:func:`plain_text_tokenizer`; called only then, as it costs ~100 MB).
     Otherwise the rendered text is encoded as a whole, exactly as Hugging Face's
-    ``apply_chat_template(tokenize=True)`` does.
+    ``apply_chat_template(tokenize=True)`` does. ``tools`` go to the template (:meth:`ChatTemplate.render`).
 
     Raises:
         ValueError: invalid messages (see :func:`check_messages`) or a failing template.
     """
     messages = check_messages(messages)
-    text = template.render(messages, add_generation_prompt)
+    text = template.render(messages, add_generation_prompt, tools)
     added = [t.content for t in tokenizer.get_added_tokens_decoder().values() if t.content]
     if not any(a in m["content"] for m in messages for a in added):
         return tokenizer.encode(text, add_special_tokens=False).ids
     marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
     if any("\ue000" in m["content"] for m in messages):
         raise ValueError("message content holds the private-use character U+E000; cannot keep it plain text")
-    skeleton = template.render([{**m, "content": mk} for m, mk in zip(messages, marks)], add_generation_prompt)
+    skeleton = template.render([{**m, "content": mk} for m, mk in zip(messages, marks)], add_generation_prompt, tools)
     ids: list[int] = []
     rest = skeleton
     plain = plain()

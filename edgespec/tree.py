@@ -81,6 +81,14 @@ class TokenTree:
         self.children.setdefault(parent, []).append(len(self.tokens) - 1)
         return len(self.tokens) - 1
 
+    def path_tokens(self, v: int) -> list[int]:
+        """The tokens from the root down to node ``v`` (v included; [] for the root, v = -1)."""
+        out = []
+        while v >= 0:
+            out.append(self.tokens[v])
+            v = self.parents[v]
+        return out[::-1]
+
     def ancestors_mask(self) -> np.ndarray:
         """bool (N+1, N+1): row/column 0 is the root; [i, j] is True iff j is i or an ancestor of i."""
         n = len(self.tokens)

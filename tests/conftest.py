@@ -15,14 +15,23 @@ def pytest_addoption(parser):
     parser.addoption("--real-pair", action="store_true", help="also run the real Qwen2.5-Coder pair tier")
     parser.addoption("--android-core", action="store_true",
                      help="also test the TypeScript core in android_demo/core (needs Node.js and `npm ci` there)")
+    parser.addoption("--hermes-vm", metavar="PATH", default=None,
+                     help="also run the TypeScript core on this Hermes VM binary (the `hermes` CLI of React Native's "
+                          "Hermes; android_demo/README.md says how to build one): needs --android-core")
     parser.addoption("--aarch64", action="store_true",
                      help="also run scripts/aarch64-check.sh on the tiny export (root, qemu; ~15 min the first time)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "hermes: runs the TypeScript core on a Hermes VM (run with --hermes-vm PATH)")
 
 
 def pytest_collection_modifyitems(config, items):
     skip_real = pytest.mark.skip(reason="real-pair tier: run with --real-pair")
     skip_core = pytest.mark.skip(reason="TypeScript core: run with --android-core (after `npm ci` in android_demo/core)")
     skip_arm = pytest.mark.skip(reason="aarch64 tier: run with --aarch64 (root, qemu)")
+    skip_hermes = pytest.mark.skip(reason="Hermes tier: run with --android-core --hermes-vm PATH (no npm package "
+                                          "ships a Hermes VM recent enough; android_demo/README.md)")
     for item in items:
         if "real" in item.keywords and not config.getoption("--real-pair"):
             item.add_marker(skip_real)
@@ -31,6 +40,8 @@ def pytest_collection_modifyitems(config, items):
         # by marker, not keyword: a checkout in a folder named aarch64 would match every test
         if item.get_closest_marker("aarch64") and not config.getoption("--aarch64"):
             item.add_marker(skip_arm)
+        if item.get_closest_marker("hermes") and not config.getoption("--hermes-vm"):
+            item.add_marker(skip_hermes)
 
 
 # A CI runner may start the tests with SIGINT ignored (a background job): restore Python's handler, so the
@@ -82,6 +93,19 @@ def tiny_dirs(tmp_path_factory):
     }
 
 
+@pytest.fixture(scope="session")
+def tiny_fim_export(home, tmp_path_factory):
+    """fp32 export of a tiny qwen2 pair whose tokenizer has Qwen2.5-Coder's FIM tokens (special, as in an
+    export converted from a GGUF) and tool-call tokens (plain text)."""
+    from edgespec.export import ExportOptions, export_pair
+
+    root = tmp_path_factory.mktemp("hf_fim")
+    target = build_model(root / "target", "qwen2", seed=0, layers=2, hidden=64, fim=True)
+    draft = build_model(root / "draft", "qwen2", seed=0, noise=0.1, fim=True)
+    fp32 = ExportOptions(precision="fp32")
+    return export_pair(str(target), str(draft), tmp_path_factory.mktemp("exports") / "fim", fp32, fp32)
+
+
 def _pair(tmp_path_factory, tiny_dirs, name: str, draft: str, graph_format: int | None):
     from edgespec.export import ExportOptions, export_pair
 
@@ -94,6 +118,17 @@ def _pair(tmp_path_factory, tiny_dirs, name: str, draft: str, graph_format: int 
 def tiny_export(home, tiny_dirs, tmp_path_factory):
     """fp32 export of the tiny qwen2 target with the tiny qwen2 draft (the exporter's default graph format)."""
     return _pair(tmp_path_factory, tiny_dirs, "pair", "draft", None)
+
+
+@pytest.fixture(scope="session")
+def tiny_tool_export(home, tmp_path_factory):
+    """The tiny pair (same seeds) with ``<tool_call>``/``</tool_call>`` added tokens and a Qwen2.5-style tools
+    chat template (:data:`tinymodels.TOOLS_CHATML`); a context of 2,048 (tool definitions are long prompts in
+    the tiny vocabulary)."""
+    root = tmp_path_factory.mktemp("hf_tools")
+    dirs = {"target": build_model(root / "target", "qwen2", seed=0, tools=True, context=2048),
+            "draft": build_model(root / "draft", "qwen2", seed=0, noise=0.1, tools=True, context=2048)}
+    return _pair(tmp_path_factory, dirs, "tools", "draft", None)
 
 
 @pytest.fixture(scope="session")

@@ -201,3 +201,43 @@ def test_the_cli_gives_one_seeded_answer_for_plain_and_speculation(tiny_export, 
     bad = subprocess.run([sys.executable, "-m", "edgespec.cli", "generate", str(tiny_export), "--coupling", "x"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_the_server_repeats_a_seeded_request_whatever_its_cache_held(tiny_export, home, tmp_path):
+    """Issue 22's report: the same seeded request sent three times gave text A, B, B (the server's KV cache held
+    0, 24, 35 tokens of it). Now: the default adaptive server, other requests sharing part of the prompt in
+    between, the same ids every time, and plain decoding's seeded ids."""
+    from test_serve import Server
+
+    s = Server(tiny_export, home, tmp_path / "server.log")
+    try:
+        msgs = [{"role": "user", "content": "Write a function that adds two numbers."}]
+        kw = dict(model="m", messages=msgs, max_tokens=24, temperature=1.0, seed=42)
+        texts = []
+        for other in ("Write a function", None, "Write a function that adds two numbers. Then"):
+            if other:
+                s.client.chat.completions.create(**{**kw, "messages": [{"role": "user", "content": other}]})
+            texts.append(s.client.chat.completions.create(**kw).choices[0].message.content)
+        d = SpecDecoder.load(tiny_export, load_draft=False)
+        plain = d.generate(messages=msgs, max_new_tokens=24, temperature=1.0, seed=42, proposers=()).run().text
+        assert texts == [plain] * 3
+    finally:
+        s.close()
+
+
+def test_the_acceptance_benchmark_runs_both_rules(tiny_export, home, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "bench" / "coupling_alpha.py"
+    out = tmp_path / "alpha.json"
+    r = subprocess.run([sys.executable, str(script), str(tiny_export), "--per-class", "1", "--seeds", "1",
+                        "--max-new-tokens", "12", "--out", str(out)], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, EDGESPEC_HOME=str(home)))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert 0 < rows["standard/all"]["alpha"] <= 1 and 0 < rows["gumbel/all"]["alpha"] <= 1
+    assert "| all |" in r.stdout

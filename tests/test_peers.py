@@ -296,3 +296,19 @@ def test_whole_run_on_the_tiny_pair_with_a_fake_server(tiny_export, home, tmp_pa
     assert res["headline"]["llama_best_speculative"] in ("llama.cpp draft5", "llama.cpp ngram")
     assert out.with_suffix(".png").stat().st_size > 1000
     assert "| llama.cpp | draft5 |" in capsys.readouterr().out
+    # without matplotlib (a runtime-only install): the JSON and the table still come, the plot is named as missing
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *a, **kw):
+        if name.split(".")[0] == "matplotlib":
+            raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    out2 = tmp_path / "res2" / "peers"
+    assert peers.main(argv[:-1] + [str(out2)]) == 0
+    assert json.loads(out2.with_suffix(".json").read_text())["summary"] and not out2.with_suffix(".png").exists()
+    captured = capsys.readouterr()
+    assert "| llama.cpp | draft5 |" in captured.out and "no plot: matplotlib is not installed" in captured.err

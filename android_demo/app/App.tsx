@@ -1,41 +1,57 @@
 /**
- * The demo's one chat screen: pick an export pushed to app storage, chat with a streaming reply whose
- * accepted draft tokens are highlighted, a stats line (tok/s, alpha, mean K) and a settings sheet.
+ * The demo's chat app: the export screen (download, import or pick an export; ExportScreen.tsx), then one
+ * chat screen with a streaming reply whose accepted draft tokens are underlined, Stop, New, a stats line
+ * (tokens, tok/s, alpha, mean K, prefill) and a settings sheet. Settings persist across launches
+ * (settings.ts); the last export opens again on start.
  */
-import { DEFAULT_SETTINGS, EdgespecError, type ChatSettings } from "@edgespec/core";
+import { EdgespecError, type ChatSettings, type Generation } from "@edgespec/core";
 import React, { useEffect, useRef, useState } from "react";
 import { Button, FlatList, SafeAreaView, StyleSheet, Text, TextInput, View } from "react-native";
+import { ExportScreen } from "./src/ExportScreen";
+import { DEFAULT_APP_SETTINGS, loadSettings, saveSettings, type AppSettings } from "./src/settings";
 import { SettingsSheet } from "./src/SettingsSheet";
-import { EXPORTS_ROOT, listExports } from "./src/rnFiles";
 import { useEdgespec } from "./src/useEdgespec";
 
 interface Piece { text: string; fromDraft: boolean }
 interface Bubble { role: "user" | "assistant"; pieces: Piece[] }
 
+/** "42 tok · 11.8 tok/s · alpha 0.81 · K 3.2 · prefill 350 ms (120 reused) · stopped". */
+function statsLine(g: Generation): string {
+  const s = g.stats;
+  const stop = s.stopReason === "aborted" ? " · stopped" : s.stopReason === "context" ? " · context full" : "";
+  return `${s.summary()} · prefill ${Math.round(s.prefillMs)} ms (${s.reusedTokens} reused)${stop}`;
+}
+
 export default function App() {
   const { state, load } = useEdgespec();
-  const [exportsFound, setExportsFound] = useState<string[]>([]);
-  const [provider, setProvider] = useState("cpu");
-  const [settings, setSettings] = useState<ChatSettings>(DEFAULT_SETTINGS);
+  const [app, setApp] = useState<AppSettings | null>(null);
   const [showSettings, setShowSettings] = useState(false);
   const [bubbles, setBubbles] = useState<Bubble[]>([]);
   const [input, setInput] = useState("");
   const [busy, setBusy] = useState(false);
-  const [statsLine, setStatsLine] = useState("");
+  const [stats, setStats] = useState("");
   const stop = useRef(false);
-  const [dir, setDir] = useState<string | null>(null);
 
-  useEffect(() => { listExports().then(setExportsFound); }, []);
-  useEffect(() => { if (dir) load(dir, provider); }, [dir, provider, load]);
+  useEffect(() => {
+    loadSettings().then((s) => {
+      setApp(s);
+      if (s.lastExport) load(s.lastExport, s.provider);
+    }, () => setApp(DEFAULT_APP_SETTINGS));
+  }, [load]);
+
+  const update = (next: AppSettings) => {
+    setApp(next);
+    saveSettings(next).catch((e) => setStats(`settings not saved: ${String(e)}`));
+  };
 
   const send = async () => {
-    if (state.kind !== "ready" || busy) return;
+    if (state.kind !== "ready" || busy || !app) return;
     const chat = state.chat;
-    let g;
+    let g: Generation;
     try {
-      g = chat.send(input, settings);
+      g = chat.send(input, app.chat);
     } catch (e) {
-      setStatsLine(e instanceof EdgespecError ? e.message : String(e));
+      setStats(e instanceof EdgespecError ? e.message : String(e));
       return;
     }
     setBubbles((b) => [...b, { role: "user", pieces: [{ text: input, fromDraft: false }] }, { role: "assistant", pieces: [] }]);
@@ -48,26 +64,28 @@ export default function App() {
           const last = b[b.length - 1];
           return [...b.slice(0, -1), { ...last, pieces: [...last.pieces, c] }];
         });
-        if (stop.current) break;
+        if (stop.current) break; // ends the generation after this target run (stats.stopReason "aborted")
       }
+      setStats(statsLine(g));
     } catch (e) {
-      setStatsLine(e instanceof EdgespecError ? e.message : String(e));
+      setStats(e instanceof EdgespecError ? e.message : String(e));
     } finally {
       chat.finish(g);
-      setStatsLine(g.stats.summary());
       setBusy(false);
     }
   };
 
+  if (!app) return <SafeAreaView style={styles.screen}><Text>…</Text></SafeAreaView>;
   if (state.kind !== "ready") {
     return (
       <SafeAreaView style={styles.screen}>
-        <Text style={styles.title}>edgespec</Text>
-        {state.kind === "loading" && <Text>{state.step}…</Text>}
-        {state.kind === "error" && <Text style={styles.error}>{state.message}</Text>}
-        <Text>Exports in {EXPORTS_ROOT}:</Text>
-        {exportsFound.length === 0 && <Text>none — push one with adb (see android_demo/README.md)</Text>}
-        {exportsFound.map((d) => <Button key={d} title={d.split("/").pop()!} onPress={() => setDir(d)} />)}
+        <ExportScreen
+          status={state.kind === "loading" ? `${state.step}…` : state.kind === "error" ? state.message : null}
+          error={state.kind === "error"}
+          downloadUrl={app.downloadUrl}
+          onDownloadUrl={(downloadUrl) => update({ ...app, downloadUrl })}
+          onOpen={(dir) => { update({ ...app, lastExport: dir }); load(dir, app.provider); }}
+        />
       </SafeAreaView>
     );
   }
@@ -76,11 +94,12 @@ export default function App() {
     <SafeAreaView style={styles.screen}>
       <View style={styles.header}>
         <Text style={styles.title}>{state.name}</Text>
-        <Button title="Settings" onPress={() => setShowSettings(true)} />
-        <Button title="New" disabled={busy} onPress={() => { state.chat.reset(); setBubbles([]); setStatsLine(""); }} />
+        <Button title="Settings" disabled={busy} onPress={() => setShowSettings(true)} />
+        <Button title="New" disabled={busy} onPress={() => { state.chat.reset(); setBubbles([]); setStats(""); }} />
+        <Button title="Exports" disabled={busy} onPress={() => { update({ ...app, lastExport: null }); load(null, app.provider); }} />
       </View>
       <Text style={styles.meta}>
-        {state.provider}{state.fallback ? ` (fell back: ${state.fallback})` : ""} · draft tokens underlined
+        {state.provider}{state.fallback ? ` (fell back: ${state.fallback})` : ""} · K {String(app.chat.k)} · draft tokens underlined
       </Text>
       <FlatList
         data={bubbles}
@@ -91,16 +110,20 @@ export default function App() {
           </Text>
         )}
       />
-      <Text style={styles.meta}>{statsLine}</Text>
+      <Text style={styles.meta}>{stats}</Text>
       <View style={styles.row}>
         <TextInput style={styles.input} value={input} onChangeText={setInput} placeholder="Ask…" multiline />
         {busy ? <Button title="Stop" onPress={() => { stop.current = true; }} /> : <Button title="Send" onPress={send} />}
       </View>
       <SettingsSheet
         visible={showSettings}
-        settings={settings}
-        provider={provider}
-        onClose={(s, ep) => { setSettings(s); setShowSettings(false); if (ep !== provider) setProvider(ep); }}
+        settings={app.chat}
+        provider={app.provider}
+        onClose={(chat: ChatSettings, provider: string) => {
+          setShowSettings(false);
+          update({ ...app, chat, provider });
+          if (provider !== app.provider) load(state.dir, provider); // the graphs reopen on the new provider
+        }}
       />
     </SafeAreaView>
   );
@@ -116,5 +139,4 @@ const styles = StyleSheet.create({
   draft: { textDecorationLine: "underline", color: "#1b5e20" },
   row: { flexDirection: "row", alignItems: "flex-end", gap: 8 },
   input: { flex: 1, borderWidth: 1, borderColor: "#ccc", borderRadius: 8, padding: 8, maxHeight: 120 },
-  error: { color: "#b00020" },
 });

@@ -8,7 +8,10 @@ their ids; per prompt the plain greedy ids with the top two (id, logit) of the p
 cross-implementation rule of :func:`edgespec.evaluate.compare_rows`; the top-1/top-2 ``gaps`` stay as a figure),
 and the seeded plain ids of the Gumbel coupling (temperature 0.8, top-p 0.95, a seed per prompt) with the top
 two (id, race score) of each step (:func:`edgespec.evaluate.race_scores`); and the coupling's noise E_n(v)
-(:mod:`edgespec.coupling`) with its exact 53-bit uniform numerators for a few (seed, n, v).
+(:mod:`edgespec.coupling`) with its exact 53-bit uniform numerators for a few (seed, n, v);
+and a replay record: the logits rows the target and the draft
+produce on every prefix a greedy speculative loop with K ≤ ``REPLAY_K_MAX`` can ask for, which
+``core/test/conformance/replay.ts`` replays so that the core's loop runs without onnxruntime (on Hermes).
 ``tests/test_android_core.py`` runs this, then ``npm test``.
 """
 
@@ -26,6 +29,7 @@ from edgespec.decoder import SpecDecoder
 from edgespec.evaluate import NEAR_TIE_LOGIT_GAP, plain_row, race_scores
 from edgespec.kpolicy import FixedK
 from edgespec.sampling import SamplingParams
+from edgespec.text import decode
 
 CORPUS = [
     "def add(a, b):\n    return a + b\n",
@@ -36,6 +40,7 @@ CORPUS = [
     "<|im_start|>user\nhi<|im_end|>\n",
     "<|fim_prefix|>def f(x):\n<|fim_suffix|>\n    return x<|fim_middle|>",
     "<tool_call>{\"name\": \"ls\"}</tool_call>",
+    "<|fim_middle|>    return x\n<|file_sep|>b.py\n<|fim_pad|><|repo_name|>r<|im_end|><|endoftext|>",
 ]
 MESSAGES = [
     [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}],
@@ -119,16 +124,60 @@ def noise_vectors() -> list[dict]:
     return out
 
 
+REPLAY_CHATS = 2  # the first two MESSAGES
+REPLAY_K_MAX = 4
+REPLAY_TOP = 16  # logits kept per row (the rest replay as -inf): greedy needs the argmax, top-k sampling more
+
+
+def _top(row: np.ndarray, n: int = REPLAY_TOP) -> list[list]:
+    """[ids, values]: the ``n`` largest entries of a logits row float32 (V,), largest first."""
+    idx = np.argsort(-row, kind="stable")[:n]
+    return [[int(i) for i in idx], [float(row[i]) for i in idx]]
+
+
+def replay_record(dec: SpecDecoder, ids: list[int], path: list[int]) -> dict:
+    """Logits rows keyed by the token prefix they follow (ids joined by ","), for a greedy speculative loop on
+    prompt ``ids`` whose output is ``path`` (the plain greedy ids). target: the row after each prefix
+    ids + path[:j] (the rows a correct loop uses; verify rows after a rejected draft token are never used).
+    draft: the row after each such prefix and after the draft's own greedy chain of up to REPLAY_K_MAX − 1
+    tokens from it (every row a draft proposal uses)."""
+    if dec.kept_ids is not None:
+        raise SystemExit("make_vectors: the replay record does not cover a pruned draft head (kept_token_ids)")
+    key = lambda toks: ",".join(map(str, toks))
+    target, draft = {}, {}
+    tcache, dcache = dec.target.new_cache(), dec.draft.new_cache()
+    trow = dec.target.forward(ids, tcache, keep=1)[-1]
+    drow = dec.draft.forward(ids, dcache, keep=1)[-1]
+    prefix = list(ids)
+    for tok in path:
+        target[key(prefix)] = _top(trow[:dec.width])
+        draft[key(prefix)] = _top(drow[:dec.width])
+        base, chain, row = dcache.length, list(prefix), drow
+        for _ in range(REPLAY_K_MAX - 1):
+            chain.append(dec.draft_argmax(row))
+            row = dec.draft.forward(chain[-1:], dcache)[-1]
+            draft[key(chain)] = _top(row[:dec.width])
+        dcache.crop(base)
+        prefix.append(tok)
+        if tok in dec.stop_ids:
+            break
+        trow = dec.target.forward([tok], tcache)[-1]
+        drow = dec.draft.forward([tok], dcache)[-1]
+    return {"k_max": REPLAY_K_MAX, "top": REPLAY_TOP, "target": target, "draft": draft}
+
+
 def make_vectors(export_dir: Path, new_tokens: int, draws: int) -> dict:
-    dec = SpecDecoder.load(export_dir, load_draft=False)
+    dec = SpecDecoder.load(export_dir)
     m = dec.manifest
     tok = dec.tokenizer
     corpus = []
     for text in CORPUS:
         ids = tok.encode(text, add_special_tokens=False).ids
-        corpus.append({"text": text, "ids": ids, "decoded": tok.decode(ids, skip_special_tokens=False),
-                       "decoded_skip_special": tok.decode(ids, skip_special_tokens=True)})
-    control = {t: tok.token_to_id(t) for t in ("<|fim_prefix|>", "<|im_start|>", "<|im_end|>", "<tool_call>")
+        # the runtime's decode: control tokens dropped, the non-special added tokens (FIM, tool calls) kept
+        corpus.append({"text": text, "ids": ids, "decoded": decode(tok, ids, skip_special_tokens=False),
+                       "decoded_skip_special": decode(tok, ids)})
+    control = {t: tok.token_to_id(t) for t in ("<|fim_prefix|>", "<|file_sep|>", "<|im_start|>", "<|im_end|>",
+                                               "<tool_call>")
                if tok.token_to_id(t) is not None}
     chats = []
     for messages in MESSAGES:
@@ -137,8 +186,11 @@ def make_vectors(export_dir: Path, new_tokens: int, draws: int) -> dict:
         greedy, gaps, tops = plain_greedy(dec, ids, new_tokens)
         seed = SEEDS[len(chats) % len(SEEDS)]
         seeded, seeded_tops = seeded_plain(dec, ids, new_tokens, seed)
-        chats.append({"messages": messages, "prompt": prompt, "ids": ids, "greedy": greedy, "gaps": gaps,
-                      "greedy_top2": tops, "seed": seed, "seeded": seeded, "seeded_top2": seeded_tops})
+        chat = {"messages": messages, "prompt": prompt, "ids": ids, "greedy": greedy, "gaps": gaps,
+                "greedy_top2": tops, "seed": seed, "seeded": seeded, "seeded_top2": seeded_tops}
+        if len(chats) < REPLAY_CHATS:
+            chat["replay"] = replay_record(dec, ids, greedy)
+        chats.append(chat)
     # fp32 graphs: one-row and many-row runs agree to ~1e-6, so greedy and seeded ids must match exactly (the
     # tiny random models' top-1/top-2 gaps are ~1e-3); int4 kernels differ more: the verify-path rules decide
     exact = m.target.quantization.precision == "fp32"

@@ -14,10 +14,12 @@ export { COUPLINGS, generate, Generation, type Chunk, type GenerateOptions } fro
 export { FixedK, type KPolicy } from "./kpolicy.js";
 export { KVCache } from "./kvcache.js";
 export { GRAPH_FORMAT } from "./manifest.js";
-export { parseManifest, SUPPORTED_FORMATS, MANIFEST_NAME, type Manifest, type GraphSpec } from "./manifest.js";
+export { parseManifest, SUPPORTED_FORMATS, MANIFEST_NAME, type FileEntry, type Manifest, type GraphSpec } from "./manifest.js";
 export { OnnxLM, Logits } from "./model.js";
 export { openSession, PROVIDERS, type OrtApi, type Provider, type SessionLike } from "./ort.js";
 export { Rng } from "./rng.js";
 export { acceptReject, greedyAccept, probs, sample, samplingParams, type SamplingParams } from "./sampling.js";
 export { GenerationStats } from "./stats.js";
+export { checkExportSizes, exportFiles, formatBytes, FREE_SPACE_MARGIN, notAnExport, planTransfer, type TransferFile,
+  type TransferPlan, type TransferProgress } from "./transfer.js";
 export { ChatTemplate, IncrementalDetokenizer, TextTokenizer, type ChatMessage } from "./text.js";

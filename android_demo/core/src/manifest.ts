@@ -53,6 +53,12 @@ export interface SpecialTokens {
   readonly stop: readonly number[];
 }
 
+/** One file of the export as recorded at export time: `size` in bytes, hex `sha256`. */
+export interface FileEntry {
+  readonly size: number;
+  readonly sha256: string;
+}
+
 export interface Manifest {
   readonly name: string;
   readonly format: number;
@@ -62,6 +68,9 @@ export interface Manifest {
   readonly chat_template: string | null;
   readonly special_tokens: SpecialTokens;
   readonly edgespec_version: string;
+  /** Every file of the export (paths inside it) with its size and sha256; empty in manifests older than
+   * edgespec 0.1's integrity checks. */
+  readonly files: Readonly<Record<string, FileEntry>>;
 }
 
 type Kind = "str" | "str?" | "pos" | "nonneg?" | "pos?" | "token" | "token?" | "tokens" | "names" | "object";
@@ -166,7 +175,17 @@ export function parseManifest(text: string, where: string = MANIFEST_NAME): Mani
     const st = fields(m.special_tokens, "special_tokens", SPECIAL);
     if (m.chat_template !== null) insideExport(m.chat_template, "chat_template");
     insideExport(m.tokenizer, "tokenizer");
-    return Object.freeze({ ...m, target: graph(m.target, "target"), draft: graph(m.draft, "draft"),
+    const files: Record<string, FileEntry> = {};
+    const listed = r.files ?? {};
+    if (!KINDS.object[0](listed)) throw new EdgespecError(`files must be an object, got ${show(listed)}`);
+    for (const [rel, entry] of Object.entries(listed as Record<string, unknown>)) {
+      insideExport(rel, "a key of files");
+      const e = entry as Record<string, unknown>;
+      if (!(KINDS.object[0](e) && isInt(e.size) && e.size >= 0 && typeof e.sha256 === "string" && /^[0-9a-f]{64}$/.test(e.sha256)))
+        throw new EdgespecError(`files[${show(rel)}] must be {"size": bytes, "sha256": 64 hex digits}, got ${show(e)}`);
+      files[rel] = Object.freeze({ size: e.size, sha256: e.sha256 });
+    }
+    return Object.freeze({ ...m, files: Object.freeze(files), target: graph(m.target, "target"), draft: graph(m.draft, "draft"),
       special_tokens: Object.freeze({ ...st, stop: Object.freeze([...st.stop]) }) }) as Manifest;
   } catch (e) {
     if (e instanceof EdgespecError) throw new EdgespecError(`${where}: invalid manifest: ${e.message}`);

@@ -13,9 +13,17 @@ export interface ChatMessage {
   content: string;
 }
 
+/**
+ * Added tokens that Qwen2.5's own tokenizer configuration marks `"special": false` (text when decoded), while a
+ * GGUF marks the six FIM/repository ones CONTROL: decoding keeps them, as edgespec/text.py's TEXT_TOKENS.
+ */
+export const TEXT_TOKENS: ReadonlySet<string> = new Set(["<tool_call>", "</tool_call>", "<|fim_prefix|>",
+  "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"]);
+
 /** The export's tokenizer: ids are plain numbers; no special tokens are added on encode. */
 export class TextTokenizer {
   private readonly tok: Tokenizer;
+  private readonly control: ReadonlySet<number>; // special added tokens that decoding drops
 
   /** `json`: the text of tokenizer.json. Throws EdgespecError if the tokenizer library cannot read it. */
   constructor(json: string, where = "tokenizer.json") {
@@ -24,6 +32,9 @@ export class TextTokenizer {
     } catch (e) {
       throw new EdgespecError(`${where}: cannot load tokenizer (${firstLine(e)})`);
     }
+    const control = new Set<number>();
+    for (const [id, t] of this.tok.get_added_tokens_decoder()) if (t.special && !TEXT_TOKENS.has(t.content)) control.add(id);
+    this.control = control;
   }
 
   /** Token ids of `text` (control tokens such as `<|fim_prefix|>` map to their single id). */
@@ -31,10 +42,11 @@ export class TextTokenizer {
     return this.tok.encode(text, { add_special_tokens: false }).ids;
   }
 
-  /** Text of `ids`; special tokens are dropped unless `skipSpecialTokens` is false. */
+  /** Text of `ids`; control tokens are dropped (TEXT_TOKENS kept) unless `skipSpecialTokens` is false. */
   decode(ids: readonly number[], skipSpecialTokens = true): string {
-    if (!ids.length) return "";
-    return this.tok.decode([...ids], { skip_special_tokens: skipSpecialTokens, clean_up_tokenization_spaces: false });
+    const kept = skipSpecialTokens ? ids.filter((i) => !this.control.has(i)) : [...ids];
+    if (!kept.length) return "";
+    return this.tok.decode(kept, { skip_special_tokens: false, clean_up_tokenization_spaces: false });
   }
 
   /**

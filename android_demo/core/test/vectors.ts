@@ -4,6 +4,7 @@ import { readdirSync, readFileSync, statSync } from "node:fs";
 import * as path from "node:path";
 import type { Top2 } from "../src/evaluate.js";
 import type { ChatMessage } from "../src/text.js";
+import type { ReplayRecord } from "./conformance/replay.js";
 
 export interface Vectors {
   file: string;
@@ -28,7 +29,8 @@ export interface Vectors {
    * top two [id, logit] of each step's row; its seeded plain ids (Gumbel coupling, `seeded_sampling`, `seed`;
    * stop token excluded) with the top two [id, race score] of each step (a race score −∞ is null in the file). */
   chats: { messages: ChatMessage[]; prompt: string | null; ids: number[]; greedy: number[]; gaps: number[];
-    greedy_top2: Top2[]; seed: number; seeded: number[]; seeded_top2: Top2[] }[];
+    greedy_top2: Top2[]; seed: number; seeded: number[]; seeded_top2: Top2[];
+    replay?: ReplayRecord }[];
 }
 
 export function loadVectors(): Vectors[] {
