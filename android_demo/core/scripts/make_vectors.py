@@ -4,8 +4,12 @@
 
 Writes what ``npm test`` compares the core against (see ``android_demo/core/test/``): the tokenizer's ids and
 decoded text for a corpus (code, Chinese, emoji, control tokens), the chat template's rendered prompts and
-their ids, plain greedy ids per prompt with the plain run's top-1/top-2 logit gap at every step (for the
-near-tie rule of :mod:`edgespec.evaluate`), and a replay record: the logits rows the target and the draft
+their ids; per prompt the plain greedy ids with the top two (id, logit) of the plain row at every step (the
+cross-implementation rule of :func:`edgespec.evaluate.compare_rows`; the top-1/top-2 ``gaps`` stay as a figure),
+and the seeded plain ids of the Gumbel coupling (temperature 0.8, top-p 0.95, a seed per prompt) with the top
+two (id, race score) of each step (:func:`edgespec.evaluate.race_scores`); and the coupling's noise E_n(v)
+(:mod:`edgespec.coupling`) with its exact 53-bit uniform numerators for a few (seed, n, v);
+and a replay record: the logits rows the target and the draft
 produce on every prefix a greedy speculative loop with K ≤ ``REPLAY_K_MAX`` can ask for, which
 ``core/test/conformance/replay.ts`` replays so that the core's loop runs without onnxruntime (on Hermes).
 ``tests/test_android_core.py`` runs this, then ``npm test``.
@@ -20,8 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
+from edgespec.coupling import exponentials, hash32, position_key
 from edgespec.decoder import SpecDecoder
-from edgespec.evaluate import NEAR_TIE_LOGIT_GAP
+from edgespec.evaluate import NEAR_TIE_LOGIT_GAP, plain_row, race_scores
+from edgespec.kpolicy import FixedK
+from edgespec.sampling import SamplingParams
 from edgespec.text import decode
 
 CORPUS = [
@@ -43,20 +50,78 @@ MESSAGES = [
 ]
 
 
-def plain_greedy(dec: SpecDecoder, ids: list[int], n: int) -> tuple[list[int], list[float]]:
-    """Plain greedy ids (stop tokens included, up to ``n``) and the top-1 minus top-2 logit at each step."""
+SEEDED = {"temperature": 0.8, "top_p": 0.95}  # the seeded plain decoding the core must reproduce
+SEEDS = [7, 2**33 + 5, 123456789, 2**52 + 1]  # one per prompt; ≥ 2^32 too (the core takes seeds < 2^53)
+NOISE_SEEDS = [0, 42, 2**32 + 7, 2**64 - 1]
+NOISE_POSITIONS = [0, 1, 77, 4095, 2**31 + 3]
+NOISE_IDS = [0, 1, 2, 511, 4097, 151643, 151664]
+
+
+def top2(row: np.ndarray) -> list[list]:
+    """[[top-1 id, value], [top-2 id, value]] of a row (ties: the lower id), as the core's ``top2``; a value of
+    −inf (a race score outside the nucleus) is written as null (JSON has no infinities)."""
+    row = np.asarray(row, dtype=np.float64)
+    i = int(np.argmax(row))
+    rest = row.copy()
+    rest[i] = -np.inf
+    j = int(np.argmax(rest))
+    return [[t, float(row[t]) if np.isfinite(row[t]) else None] for t in (i, j)]
+
+
+def plain_greedy(dec: SpecDecoder, ids: list[int], n: int) -> tuple[list[int], list[float], list[list]]:
+    """Plain greedy ids (stop tokens included, up to ``n``), the top-1 minus top-2 logit at each step, and the
+    top two (id, logit) of each step's row (over the ids the tokenizer has, as the core's rows)."""
     dec.reset()
     cache = dec.target.new_cache()
     row = dec.target.forward(ids, cache, keep=1)[-1]
-    out, gaps = [], []
+    out, gaps, tops = [], [], []
     for _ in range(n):
         top = np.sort(row)[-2:]
         gaps.append(float(top[1] - top[0]))
+        tops.append(top2(row[:dec.width]))
         out.append(int(np.argmax(row)))
         if out[-1] in dec.stop_ids or cache.length + 1 >= dec.context_length:
             break
         row = dec.target.forward(out[-1:], cache)[-1]
-    return out, gaps
+    return out, gaps, tops
+
+
+class _Rows(FixedK):
+    """K = 0 (plain steps) keeping each step's logits row."""
+
+    def __init__(self):
+        super().__init__(0)
+        self.rows = []
+
+    def observe(self, result) -> None:
+        self.rows.append(result.logits)
+
+
+def seeded_plain(dec: SpecDecoder, ids: list[int], n: int, seed: int) -> tuple[list[int], list[list]]:
+    """Python's seeded plain decoding (the Gumbel coupling) of ``n`` tokens and the top two (id, race score)
+    of the row that chose each token."""
+    dec.reset()
+    rec = _Rows()
+    g = dec.generate(input_ids=ids, proposers=(), policy=rec, max_new_tokens=n, seed=seed, **SEEDED).run()
+    assert g.stats.coupling == "gumbel", g.stats.coupling
+    score = race_scores(dec, SamplingParams(SEEDED["temperature"], top_p=SEEDED["top_p"]), seed)
+    rows = [plain_row(dec, ids, [])] + rec.rows
+    dec.reset()
+    return g.token_ids, [top2(score(rows[i], len(ids) + i)) for i in range(len(g.token_ids))]
+
+
+def noise_vectors() -> list[dict]:
+    """E_n(v) and the integer m of U_n(v) = (m + 0.5) / 2^53, per (seed, n, v); seeds as decimal strings."""
+    out = []
+    for seed in NOISE_SEEDS:
+        for n in NOISE_POSITIONS:
+            b, b2 = position_key(seed, n)
+            h = hash32(np.asarray(NOISE_IDS, dtype=np.uint32) ^ np.uint32(0x85A308D3))
+            m = (hash32(h ^ np.uint32(b)) >> np.uint32(5)).astype(np.int64) * (1 << 26) + (
+                hash32(h ^ np.uint32(b2)) >> np.uint32(6)).astype(np.int64)
+            out.append({"seed": str(seed), "n": n, "ids": NOISE_IDS, "key": [b, b2], "numerators": m.tolist(),
+                        "e": exponentials(seed, n, np.asarray(NOISE_IDS)).tolist()})
+    return out
 
 
 REPLAY_CHATS = 2  # the first two MESSAGES
@@ -118,16 +183,20 @@ def make_vectors(export_dir: Path, new_tokens: int, draws: int) -> dict:
     for messages in MESSAGES:
         prompt = dec.template.render(messages) if dec.template else None
         ids = dec.encode(messages=messages) if dec.template else dec.encode(messages[-1]["content"])
-        greedy, gaps = plain_greedy(dec, ids, new_tokens)
-        chat = {"messages": messages, "prompt": prompt, "ids": ids, "greedy": greedy, "gaps": gaps}
+        greedy, gaps, tops = plain_greedy(dec, ids, new_tokens)
+        seed = SEEDS[len(chats) % len(SEEDS)]
+        seeded, seeded_tops = seeded_plain(dec, ids, new_tokens, seed)
+        chat = {"messages": messages, "prompt": prompt, "ids": ids, "greedy": greedy, "gaps": gaps,
+                "greedy_top2": tops, "seed": seed, "seeded": seeded, "seeded_top2": seeded_tops}
         if len(chats) < REPLAY_CHATS:
             chat["replay"] = replay_record(dec, ids, greedy)
         chats.append(chat)
-    # fp32 graphs: one-row and many-row runs agree to ~1e-6, so greedy must match exactly (the tiny random
-    # models' top-1/top-2 gaps are ~1e-3, below the near-tie gap meant for int4 kernels)
+    # fp32 graphs: one-row and many-row runs agree to ~1e-6, so greedy and seeded ids must match exactly (the
+    # tiny random models' top-1/top-2 gaps are ~1e-3); int4 kernels differ more: the verify-path rules decide
     exact = m.target.quantization.precision == "fp32"
     return {"export_dir": str(export_dir.resolve()), "new_tokens": new_tokens, "sampling_draws": draws,
-            "near_tie_logit_gap": 0.0 if exact else NEAR_TIE_LOGIT_GAP,
+            "exact": exact, "near_tie_logit_gap": NEAR_TIE_LOGIT_GAP, "seeded_sampling": SEEDED,
+            "noise": noise_vectors(),
             "draft_is_target": m.draft.source_sha256 == m.target.source_sha256 and m.draft.vocab_size == m.target.vocab_size
             and m.draft.quantization == m.target.quantization,
             "export_bytes": sum(f.stat().st_size for f in export_dir.rglob("*") if f.is_file()),
@@ -145,7 +214,7 @@ def main(argv=None) -> int:
     vectors = make_vectors(a.export_dir, a.new_tokens, a.draws)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = a.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(vectors, ensure_ascii=False, indent=1))
+    tmp.write_text(json.dumps(vectors, ensure_ascii=False, indent=1, allow_nan=False))
     tmp.replace(a.out)
     return 0
 

@@ -5,6 +5,7 @@
  * State between calls is the committed token list and the two KV caches, so a follow-up prompt that extends
  * the previous conversation reuses every cached position of their common prefix (multi-turn KV reuse).
  */
+import { followChoices, type GumbelCoupling } from "./coupling.js";
 import { FixedK, type KPolicy } from "./kpolicy.js";
 import { EdgespecError } from "./errors.js";
 import type { ExportFiles } from "./files.js";
@@ -32,10 +33,23 @@ export interface LoadOptions {
   loadDraft?: boolean;
 }
 
-/** One target run's outcome: new token ids and how many of the first are accepted draft tokens. */
+/**
+ * One target run as the decoder committed it (what a replay of its verify calls needs, evaluate.ts): the run
+ * started from L = `start` (tokens[L] = `last`, not cached; −1 for the prefill), fed [last, ...proposal]
+ * (an empty proposal: a plain step) and committed `tokens` (all of them, before a stop token or maxNewTokens
+ * cut what is emitted).
+ */
+export interface RoundRecord {
+  start: number;
+  proposal: number[];
+  tokens: number[];
+}
+
+/** One target run's outcome: new token ids, how many of the first are accepted draft tokens, its record. */
 export interface Step {
   ids: number[];
   fromDraft: number;
+  round: RoundRecord;
 }
 
 const now = (): number => globalThis.performance?.now() ?? Date.now();
@@ -135,8 +149,9 @@ export class SpecDecoder {
   // -- the steps ----------------------------------------------------------------------------------------
 
   /** Run the prompt through the target, reusing the cached common prefix with the previous call, and sample
-   * the first new token from the last position's p. Returns [token, reused prompt tokens]. */
-  async prefill(ids: number[], sp: SamplingParams, rng: Rng): Promise<[number, number]> {
+   * the first new token from the last position's p: drawn with `rng`, or the race choice of `coupling` at
+   * position ids.length. Returns [token, reused prompt tokens]. */
+  async prefill(ids: number[], sp: SamplingParams, rng: Rng, coupling: GumbelCoupling | null = null): Promise<[number, number]> {
     const keep = Math.min(commonPrefix(this.tokens, ids), ids.length - 1);
     this.tcache.crop(keep); // rollback site for a new prompt: drop what the new prompt does not share
     this.dcache?.crop(keep);
@@ -146,7 +161,8 @@ export class SpecDecoder {
     let logits: Logits | null = null;
     for (let i = 0; i < pending.length; i += PREFILL_CHUNK)
       logits = await this.target.forward(pending.slice(i, i + PREFILL_CHUNK), this.tcache, 1);
-    const x = sample(probs(logits!.last(), sp, this.width), rng);
+    const p = probs(logits!.last(), sp, this.width);
+    const x = coupling && !isGreedy(sp) ? coupling.choose(p, ids.length) : sample(p, rng);
     this.tokens.push(x);
     return [x, reused];
   }
@@ -158,9 +174,13 @@ export class SpecDecoder {
     this.tokens = [...ids];
   }
 
-  async plainStep(sp: SamplingParams, rng: Rng): Promise<number> {
+  /** One target step on `last`: the token at position tokens.length (greedy argmax, the race choice of
+   * `coupling`, or drawn with `rng`); not committed here. */
+  async plainStep(sp: SamplingParams, rng: Rng, coupling: GumbelCoupling | null = null): Promise<number> {
     this.plainRow = (await this.target.forward(this.tokens.slice(-1), this.tcache)).last();
-    return isGreedy(sp) ? argmax(this.plainRow.subarray(0, this.width)) : sample(probs(this.plainRow, sp, this.width), rng);
+    if (isGreedy(sp)) return argmax(this.plainRow.subarray(0, this.width));
+    const p = probs(this.plainRow, sp, this.width);
+    return coupling ? coupling.choose(p, this.tokens.length) : sample(p, rng);
   }
 
   /** q over the target's vocabulary from draft logits (a pruned head maps back; q = 0 outside). */
@@ -173,8 +193,10 @@ export class SpecDecoder {
   }
 
   /** 1. Draft: up to K tokens sampled autoregressively from the draft's q; first feeds what the draft has
-   * not seen. Greedy proposals are the draft's argmax and q is null. */
-  async proposeDraft(k: number, sp: SamplingParams, rng: Rng): Promise<[number[], Float64Array[] | null]> {
+   * not seen. Greedy proposals are the draft's argmax and q is null; under a `coupling` token i is the race
+   * choice of q at position tokens.length + i (the target's noise there) and q is null too (the coupled rule
+   * does not read it). */
+  async proposeDraft(k: number, sp: SamplingParams, rng: Rng, coupling: GumbelCoupling | null = null): Promise<[number[], Float64Array[] | null]> {
     const draft = this.draft!, dcache = this.dcache!;
     let feed = this.tokens.slice(dcache.length);
     const drafted: number[] = [], q: Float64Array[] = [];
@@ -189,13 +211,15 @@ export class SpecDecoder {
       if (isGreedy(sp)) {
         const best = argmax(this.keptIds ? row : row.subarray(0, this.width));
         drafted.push(this.keptIds ? this.keptIds[best] : best);
+      } else if (coupling) {
+        drafted.push(coupling.choose(this.draftProbs(row, sp), this.tokens.length + i));
       } else {
         q.push(this.draftProbs(row, sp));
         drafted.push(sample(q[q.length - 1], rng));
       }
       feed = drafted.slice(-1);
     }
-    return [drafted, isGreedy(sp) ? null : q];
+    return [drafted, isGreedy(sp) || coupling ? null : q];
   }
 
   /**
@@ -204,24 +228,35 @@ export class SpecDecoder {
    * Invariant on entry: the target cache holds positions 0..L−1 of `tokens`; tokens[L] (`last`) is committed
    * but not cached; the draft cache holds 0..Ld−1 with Ld ≤ L + K (it lags after plain steps and full
    * acceptance, and catches up in the next proposal). `drafted` (K,) was sampled from `q` (K rows of V;
-   * greedy: null). Returns [new tokens, accepted count].
+   * greedy or coupled: null). Under a `coupling` (seeded sampling, coupling.ts) row i's token is the race
+   * choice of p at position L + 1 + i and a drafted token is accepted iff it is that choice. Returns [new
+   * tokens, accepted count].
    */
   async specRound(drafted: number[], q: Float64Array[] | null, sp: SamplingParams, rng: Rng,
-    stats: GenerationStats): Promise<[number[], number]> {
+    stats: GenerationStats, coupling: GumbelCoupling | null = null): Promise<[number[], number]> {
     const L = this.tokens.length - 1, k = drafted.length;
     // 2. verify: the target scores `last` and all K drafted tokens in one run → p (K+1, V)
     const logits = await this.target.forward([this.tokens[L], ...drafted], this.tcache);
     const rows = Array.from({ length: k + 1 }, (_, i) => logits.row(i).subarray(0, this.width));
     // 3. accept: min(1, p/q) per token; correction from norm(max(0, p − q)) or a bonus token from p_{K+1}
-    const [n, x] = q === null ? greedyAccept(drafted, rows) : acceptReject(drafted, q, (i) => probs(rows[i], sp), rng);
-    // 4. roll back: the one place a round shortens the caches; 5. the draft catches up in its next proposal
-    this.tcache.crop(L + 1 + n);
-    this.dcache!.crop(Math.min(this.dcache!.length, L + 1 + n));
+    //    (coupled: keep a drafted token iff it is the target's race choice at its position)
+    const [n, x] = isGreedy(sp) ? greedyAccept(drafted, rows)
+      : coupling ? followChoices(drafted, (i) => coupling.choose(probs(rows[i], sp), L + 1 + i))
+        : acceptReject(drafted, q!, (i) => probs(rows[i], sp), rng);
+    // 4. roll back; 5. the draft catches up in its next proposal
+    this.rollBack(L, n);
     stats.proposed += k;
     stats.accepted += n;
     stats.corrections += n < k ? 1 : 0;
     stats.bonus += n === k ? 1 : 0;
     return [[...drafted.slice(0, n), x], n];
+  }
+
+  /** 4. Roll back: the one place a round shortens the caches. The target keeps 0..L (`last` at L) and the
+   * rows of the n accepted drafted tokens; the draft at most as much. */
+  rollBack(L: number, n: number): void {
+    this.tcache.crop(L + 1 + n);
+    this.dcache!.crop(Math.min(this.dcache!.length, L + 1 + n));
   }
 
   // -- generation ---------------------------------------------------------------------------------------
@@ -230,11 +265,13 @@ export class SpecDecoder {
    * Yield one Step per target run. `mode` "spec" (draft chain) or "plain" (target only). An integer `k` is a
    * fixed draft length; a KPolicy (AdaptiveK) chooses per round. Stop tokens end generation and are not
    * yielded; maxNewTokens is never exceeded; K is clamped so every verified position stays in the context.
+   * `coupling` (sampling only): every token is the race choice of its position (drafter-invariant seeded
+   * sampling, coupling.ts); else `rng` drives the accept/reject rule.
    * Throws EdgespecError (before any work): empty prompt, prompt not shorter than the context, bad options,
    * or another generation still running.
    */
   generateIds(inputIds: number[], o: { maxNewTokens: number; sampling: SamplingParams; rng: Rng; k: number | KPolicy;
-    mode: "spec" | "plain"; stats: GenerationStats }): AsyncGenerator<Step> {
+    mode: "spec" | "plain"; stats: GenerationStats; coupling?: GumbelCoupling | null }): AsyncGenerator<Step> {
     if (o.mode !== "spec" && o.mode !== "plain") throw new EdgespecError(`mode must be "spec" or "plain", got ${o.mode}`);
     if (o.mode === "spec" && !this.draft) throw new EdgespecError("this decoder was loaded without its draft; use mode \"plain\"");
     if (!(Number.isInteger(o.maxNewTokens) && o.maxNewTokens >= 1))
@@ -246,23 +283,25 @@ export class SpecDecoder {
       throw new EdgespecError(`prompt token ids must be integers in [0, ${this.width})`);
     const policy = typeof o.k === "number" ? new FixedK(o.k) : o.k;
     if (this.busy) throw new EdgespecError("a generation is already running on this decoder; finish or stop it first");
-    return this.run([...inputIds], o.maxNewTokens, o.sampling, o.rng, policy, o.mode, o.stats);
+    const coupling = isGreedy(o.sampling) ? null : o.coupling ?? null;
+    return this.run([...inputIds], o.maxNewTokens, o.sampling, o.rng, policy, o.mode, o.stats, coupling);
   }
 
   private async *run(inputIds: number[], maxNew: number, sp: SamplingParams, rng: Rng, policy: KPolicy,
-    mode: "spec" | "plain", stats: GenerationStats): AsyncGenerator<Step> {
+    mode: "spec" | "plain", stats: GenerationStats, coupling: GumbelCoupling | null): AsyncGenerator<Step> {
     this.busy = true;
     stats.mode = mode;
+    stats.coupling = isGreedy(sp) ? "greedy" : coupling ? "gumbel" : "standard";
     stats.promptTokens = inputIds.length;
     stats.latencyBudgetMs = policy.latencyBudgetMs ?? null;
     const tStart = now();
     let finished = false;
     try {
-      const [first, reused] = await this.prefill(inputIds, sp, rng);
+      const [first, reused] = await this.prefill(inputIds, sp, rng, coupling);
       stats.reusedTokens = reused;
       stats.prefillMs = now() - tStart;
       policy.begin?.();
-      let step: Step = { ids: [first], fromDraft: 0 };
+      let step: Step = { ids: [first], fromDraft: 0, round: { start: -1, proposal: [], tokens: [first] } };
       for (;;) {
         const room = maxNew - stats.newTokens;
         const stop = step.ids.findIndex((t) => this.stopIds.has(t));
@@ -274,7 +313,7 @@ export class SpecDecoder {
         } else ids = ids.slice(0, room);
         stats.newTokens += ids.length;
         stats.wallMs = now() - tStart;
-        yield { ids, fromDraft: Math.min(step.fromDraft, ids.length) };
+        yield { ids, fromDraft: Math.min(step.fromDraft, ids.length), round: step.round };
         if (stats.stopReason === "stop_token") break;
         const remaining = maxNew - stats.newTokens;
         const L = this.tokens.length - 1;
@@ -284,14 +323,15 @@ export class SpecDecoder {
         const lag = this.dcache ? L + 1 - this.dcache.length : 0;
         const k = mode === "plain" ? 0 : Math.max(0, Math.min(policy.choose(lag, remaining), kCap));
         const t0 = now();
-        let fromDraft = 0, draftMs = 0, newIds: number[];
+        let fromDraft = 0, draftMs = 0, newIds: number[], proposal: number[] = [];
         if (k === 0) {
           stats.plainSteps += 1;
-          newIds = [await this.plainStep(sp, rng)];
+          newIds = [await this.plainStep(sp, rng, coupling)];
         } else {
-          const [drafted, q] = await this.proposeDraft(k, sp, rng);
+          const [drafted, q] = await this.proposeDraft(k, sp, rng, coupling);
           draftMs = now() - t0;
-          [newIds, fromDraft] = await this.specRound(drafted, q, sp, rng, stats);
+          proposal = drafted;
+          [newIds, fromDraft] = await this.specRound(drafted, q, sp, rng, stats, coupling);
         }
         const dt = now() - t0;
         stats.draftMs += draftMs;
@@ -304,7 +344,7 @@ export class SpecDecoder {
         policy.observe(k, fromDraft, stepMs, dt, cMs, cTokens);
         if (k === 0 && mode !== "plain" && policy.observeConfidence) policy.observeConfidence(top1(this.plainRow!.subarray(0, this.width)));
         this.tokens.push(...newIds);
-        step = { ids: newIds, fromDraft };
+        step = { ids: newIds, fromDraft, round: { start: L, proposal, tokens: newIds } };
       }
       finished = true;
     } finally {

@@ -4,11 +4,13 @@
  */
 export { AdaptiveK, calibrate, expectedTokens, tVerify, type AdaptiveOptions, type CostModel } from "./adaptive.js";
 export { ChatSession, checkSettings, DEFAULT_SETTINGS, parseCostModel, type ChatSettings } from "./chat.js";
-export { SpecDecoder, PREFILL_CHUNK, type LoadOptions, type Step } from "./decoder.js";
+export { exponential, followChoices, GumbelCoupling, hash32, positionKey, raceScores, uniformNumerator } from "./coupling.js";
+export { SpecDecoder, PREFILL_CHUNK, type LoadOptions, type RoundRecord, type Step } from "./decoder.js";
 export { EdgespecError } from "./errors.js";
-export { firstTokenCheck, greedyCheck, NEAR_TIE_LOGIT_GAP } from "./evaluate.js";
+export { compareRows, compareWithReference, firstTokenCheck, greedyCheck, NEAR_TIE_LOGIT_GAP, plainRow, replayVerify,
+  type Seeded, type Top2 } from "./evaluate.js";
 export type { ExportFiles } from "./files.js";
-export { generate, Generation, type Chunk, type GenerateOptions } from "./generation.js";
+export { COUPLINGS, generate, Generation, type Chunk, type GenerateOptions } from "./generation.js";
 export { FixedK, type KPolicy } from "./kpolicy.js";
 export { KVCache } from "./kvcache.js";
 export { GRAPH_FORMAT } from "./manifest.js";

@@ -7,6 +7,8 @@
  */
 export class GenerationStats {
   mode: "spec" | "plain" = "spec";
+  /** The sampling rule: "greedy", "standard" (accept/reject with the Rng) or "gumbel" (the seeded coupling). */
+  coupling: "greedy" | "standard" | "gumbel" = "greedy";
   promptTokens = 0;
   /** Prompt tokens whose KV entries were reused from the previous call (multi-turn KV reuse). */
   reusedTokens = 0;

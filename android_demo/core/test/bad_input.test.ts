@@ -90,6 +90,10 @@ for (const v of tiny) {
       bad({ prompt: "hi", maxNewTokens: 0 }, /maxNewTokens/);
       bad({ prompt: "hi", temperature: -1 }, /temperature/);
       bad({ prompt: "hi", k: -2 }, /K must be/);
+      bad({ prompt: "hi", temperature: 1, coupling: "race" as "gumbel" }, /coupling must be one of auto, gumbel, standard/);
+      bad({ prompt: "hi", temperature: 1, seed: 1.5 }, /seed must be an integer/);
+      bad({ prompt: "hi", temperature: 1, seed: -1 }, /seed must be an integer/);
+      bad({ prompt: "hi", seed: 2 ** 60 }, /seed must be an integer in \[0, 2\^53\)/);
       bad({ inputIds: [1, 1e9] }, /token ids/);
       bad({}, /exactly one of/);
       await assert.rejects(loadNodeDecoder(v.export_dir, { provider: "tpu" }), /unknown execution provider/);

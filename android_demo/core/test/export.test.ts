@@ -1,14 +1,17 @@
 /**
  * Tiers (b)–(d) on real exports: the core against the Python runtime's test vectors (tokenizer, chat
- * template, plain greedy ids), speculative greedy against plain greedy, KV reuse across turns, streaming,
- * seeded sampling (draft = target accepts everything; the first token's histogram follows p).
+ * template, the coupling's noise, plain greedy and seeded plain ids), speculative against plain decoding by
+ * the verify-path rule (evaluate.ts; exactly on fp32 exports), the replay catching an injected rollback bug,
+ * KV reuse across turns, streaming, seeded sampling (draft = target accepts everything; the first token's
+ * histogram follows p under both rules).
  */
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { AdaptiveK, calibrate } from "../src/adaptive.js";
 import type { SpecDecoder } from "../src/decoder.js";
 import { ChatSession, DEFAULT_SETTINGS } from "../src/chat.js";
-import { firstTokenCheck, greedyCheck, plainGreedyWithGaps } from "../src/evaluate.js";
+import { exponential, positionKey, raceScores, uniformNumerator } from "../src/coupling.js";
+import { compareWithReference, firstTokenCheck, greedyCheck, plainGreedyWithGaps, top2, type Seeded } from "../src/evaluate.js";
 import { generate } from "../src/generation.js";
 import { loadNodeDecoder } from "../src/node.js";
 import { samplingParams } from "../src/sampling.js";
@@ -16,6 +19,8 @@ import { IncrementalDetokenizer } from "../src/text.js";
 import { firstDifference, loadVectors, NO_VECTORS } from "./vectors.js";
 
 const all = loadVectors();
+/** Logits: the forced-flip test swaps a verify row's top two where they are closer than this. */
+const FLIP_GAP = 0.05;
 if (!all.length) test("export tests", { skip: NO_VECTORS }, () => {});
 
 for (const v of all) {
@@ -49,21 +54,41 @@ for (const v of all) {
       }
     });
 
-    test("plain greedy ids equal the Python runtime's (up to its near-tie rule)", async () => {
-      for (const c of v.chats) {
+    test("coupling noise: the position keys and 53-bit uniforms equal the Python runtime's bit for bit, E to 1 ulp", () => {
+      let entries = 0, bitEqual = 0;
+      for (const x of v.noise) {
+        const seed = BigInt(x.seed);
+        assert.deepEqual(positionKey(seed, x.n), x.key, `key of seed ${x.seed}, n ${x.n}`);
+        if (seed < 2n ** 53n) assert.deepEqual(positionKey(Number(seed), x.n), x.key, "a number seed = its bigint");
+        x.ids.forEach((id, j) => {
+          assert.equal(uniformNumerator(seed, x.n, id), x.numerators[j], `U numerator (${x.seed}, ${x.n}, ${id})`);
+          const e = exponential(seed, x.n, id);
+          // −ln is the platform's: V8's Math.log and numpy's log may round the last bit differently
+          assert.ok(Math.abs(e - x.e[j]) <= Number.EPSILON * Math.max(1, Math.abs(x.e[j])), `E (${x.seed}, ${x.n}, ${id}): ${e} vs ${x.e[j]}`);
+          entries++;
+          bitEqual += e === x.e[j] ? 1 : 0;
+        });
+      }
+      assert.ok(entries >= 100);
+      console.log(`# coupling noise: ${entries} entries, ${bitEqual} bit-equal E, the rest within 1 ulp`);
+    });
+
+    test("plain greedy ids equal the Python runtime's (exactly on fp32; else each row's argmax its own token, the same top two)", async () => {
+      for (const [i, c] of v.chats.entries()) {
         const js = await plainGreedyWithGaps(dec, c.ids, v.new_tokens);
         const div = firstDifference(js.ids, c.greedy);
-        assert.ok(div === null || c.gaps[div] < v.near_tie_logit_gap,
-          `first divergence at ${div}: python top-1/top-2 gap ${c.gaps[div!]} (python ${c.greedy}, core ${js.ids})`);
+        if (v.exact) assert.equal(div, null, `chat ${i}: divergence at ${div} (python ${c.greedy}, core ${js.ids})`);
+        const r = await compareWithReference(dec, c.ids, c.greedy, c.greedy_top2, js.ids);
+        assert.ok(r.ok, `chat ${i}: ${r.problem} (python top-1/top-2 gap ${div !== null ? c.gaps[div] : "-"})`);
       }
     });
 
-    test("speculative greedy equals plain greedy (fixed K and adaptive K)", async () => {
+    test("speculative greedy equals plain greedy by the verify-path rule (fixed K and adaptive K)", async () => {
       for (const [i, c] of v.chats.entries()) {
         for (const k of [1, 3]) {
           const r = await greedyCheck(dec, c.ids, v.new_tokens, k);
-          const nearTie = r.plainGap !== null && r.plainGap < v.near_tie_logit_gap;
-          assert.ok(r.identical || nearTie, `chat ${i} K=${k}: divergence at ${r.firstDivergence}, gap ${r.plainGap}`);
+          assert.ok(r.ok && r.consistent, `chat ${i} K=${k}: ${r.problem}`);
+          if (v.exact) assert.ok(r.identical, `chat ${i} K=${k}: divergence at ${r.firstDivergence}, gap ${r.plainGap}`);
           const s = r.stats;
           assert.ok(s.proposed > 0 && s.accepted <= s.evaluated && s.evaluated <= s.proposed);
           assert.ok(s.newTokens <= 1 + s.accepted + s.corrections + s.bonus + s.plainSteps);
@@ -72,14 +97,95 @@ for (const v of all) {
       }
       const cost = await calibrate(dec.target, dec.draft!, 4, 32, 2);
       assert.ok(cost.verifyMs.length === 5 && cost.verifyMs.every((t) => t > 0) && cost.draftMs > 0);
+      const r = await greedyCheck(dec, v.chats[0].ids, v.new_tokens, new AdaptiveK(cost, { kMax: 4 }));
+      assert.ok(r.ok && r.consistent, `adaptive K: ${r.problem}`);
+      if (v.exact) assert.ok(r.identical, `adaptive K: divergence at ${r.firstDivergence}`);
+      assert.equal(r.stats.kPerRound.length, r.stats.rounds);
+    });
+
+    // Tiny fp32 pairs only: draft == target never rejects a drafted token (the bug cannot fire), and on the real
+    // pair (int4, 1.5B) the one stale row changed no argmax in any of the 4 prompts (measured 2026-12-01), so
+    // there it is not a check
+    if (v.exact && !v.draft_is_target) test("the replay catches an injected bug: a rollback that keeps the rejected token's stale row", async () => {
+      const good = dec.rollBack;
+      let caught = 0, fired = 0;
+      dec.rollBack = (L, n) => { // the target keeps one row too many: the rejected token's KV entry stays
+        dec.tcache.crop(Math.min(dec.tcache.length, L + 2 + n));
+        dec.dcache!.crop(Math.min(dec.dcache!.length, L + 1 + n));
+      };
+      try {
+        for (const c of v.chats) {
+          const r = await greedyCheck(dec, c.ids, v.new_tokens, 3);
+          fired += r.stats.corrections > 0 ? 1 : 0;
+          caught += r.consistent ? 0 : 1;
+          if (!r.consistent) assert.match(r.problem!, /replayed on a clean cache/);
+        }
+      } finally {
+        dec.rollBack = good;
+        dec.reset();
+      }
+      console.log(`# injected stale row: caught in ${caught} of ${v.chats.length} prompts (${fired} with a rejection)`);
+      assert.ok(fired > 0, "no round rejected a drafted token: the bug never fired");
+      assert.ok(caught > 0, `the replay missed the stale row in all ${v.chats.length} prompts (${fired} with a rejection)`);
+    });
+
+    test("a forced kernel-noise flip passes the rule: verify rows with a near-tie swap their top two", async () => {
+      const forward = dec.target.forward;
+      dec.target.forward = async (ids, cache, keep = 0) => { // K+1-row verify calls only (prefill has keep 1)
+        const l = await forward.call(dec.target, ids, cache, keep);
+        if (ids.length > 1 && keep === 0) for (let r = 0; r < l.rows; r++) {
+          const row = l.row(r).subarray(0, dec.width), [[a, la], [b, lb]] = top2(row);
+          if (la - lb < FLIP_GAP) { row[a] = lb; row[b] = la; }
+        }
+        return l;
+      };
+      let flips = 0;
+      try {
+        for (const [i, c] of v.chats.entries()) {
+          const r = await greedyCheck(dec, c.ids, v.new_tokens, 3);
+          assert.ok(r.ok && r.consistent, `chat ${i}: ${r.problem}`);
+          if (r.identical) continue;
+          flips++;
+          assert.ok(r.plainGap! > 0 && r.delta! >= r.plainGap!, `chat ${i}: g ${r.plainGap}, δ ${r.delta}`);
+          if (v.exact) { // int4: the plain row's own gap and runner-up may differ from the swapped verify row's
+            assert.ok(r.plainGap! < FLIP_GAP, `chat ${i}: g ${r.plainGap}`);
+            assert.equal(r.verifyTop2![0][0], r.plainTop2![1][0], "the verify row's top-1 is the plain row's top-2");
+          }
+        }
+      } finally {
+        dec.target.forward = forward;
+        dec.reset();
+      }
+      console.log(`# forced flips: ${flips} of ${v.chats.length} prompts diverged, all legitimate`);
+      assert.ok(flips > 0, "no prompt met a near-tie in a verify row: nothing was flipped");
+    });
+
+    test("seeded sampling (Gumbel coupling): plain, K = 1 and K = 3 give the Python runtime's seeded plain ids", async () => {
+      for (const [i, c] of v.chats.entries()) {
+        const seeded: Seeded = { temperature: v.seeded_sampling.temperature, topP: v.seeded_sampling.top_p, seed: c.seed };
+        dec.reset();
+        const plain = await generate(dec, { inputIds: c.ids, maxNewTokens: v.new_tokens, mode: "plain", ...seeded }).run();
+        assert.equal(plain.stats.coupling, "gumbel");
+        if (v.exact) assert.deepEqual(plain.tokenIds, c.seeded, `chat ${i}: plain, seed ${c.seed}`);
+        const x = await compareWithReference(dec, c.ids, c.seeded, c.seeded_top2, plain.tokenIds, raceScores(c.seed, dec.width,
+          samplingParams(seeded)));
+        assert.ok(x.ok, `chat ${i} plain vs python: ${x.problem}`);
+        for (const k of [1, 3]) {
+          const r = await greedyCheck(dec, c.ids, v.new_tokens, k, seeded);
+          assert.ok(r.ok && r.consistent, `chat ${i} K=${k} seeded: ${r.problem}`);
+          if (v.exact) assert.deepEqual(r.specTokens, c.seeded, `chat ${i} K=${k}, seed ${c.seed}`);
+          if (v.draft_is_target) assert.equal(r.stats.accepted, r.stats.evaluated, "draft == target: every proposal kept");
+        }
+      }
+      // after a partial cache hit (the first half of the prompt cached by another generation): the same ids
       const c = v.chats[0];
       dec.reset();
-      const plain = await plainGreedyWithGaps(dec, c.ids, v.new_tokens);
+      await generate(dec, { inputIds: c.ids.slice(0, c.ids.length >> 1), maxNewTokens: 3, k: 2 }).run();
+      const hit = await generate(dec, { inputIds: c.ids, maxNewTokens: v.new_tokens, k: 2, temperature: v.seeded_sampling.temperature,
+        topP: v.seeded_sampling.top_p, seed: c.seed }).run();
+      assert.ok(hit.stats.reusedTokens > 0);
+      if (v.exact) assert.deepEqual(hit.tokenIds, c.seeded, "after a partial cache hit");
       dec.reset();
-      const g = await generate(dec, { inputIds: c.ids, maxNewTokens: v.new_tokens, k: new AdaptiveK(cost, { kMax: 4 }) }).run();
-      const div = firstDifference(g.tokenIds, plain.ids.filter((t) => !v.stop.includes(t)));
-      assert.ok(div === null || plain.gaps[div] < v.near_tie_logit_gap, `adaptive K: divergence at ${div}`);
-      assert.equal(g.stats.kPerRound.length, g.stats.rounds);
     });
 
     test("KV reuse across turns: the second turn equals a fresh run and reuses the first turn's cache", async () => {
@@ -134,6 +240,13 @@ for (const v of all) {
       dec.reset();
       const again = await generate(dec, { prompt: "def add(a, b):", maxNewTokens: 10, k: 3, temperature: 0.8, topP: 0.95, seed: 1 }).run();
       assert.deepEqual(again.tokenIds, g.tokenIds, "same seed, same tokens");
+      assert.equal(g.stats.coupling, "gumbel", "a seed selects the coupling");
+      const std = { prompt: "def add(a, b):", maxNewTokens: 10, k: 3, temperature: 0.8, topP: 0.95, seed: 1, coupling: "standard" as const };
+      dec.reset();
+      const s1 = await generate(dec, std).run();
+      dec.reset();
+      assert.deepEqual((await generate(dec, std).run()).tokenIds, s1.tokenIds, "standard rule: same seed, same tokens at a fixed K");
+      assert.equal(s1.stats.coupling, "standard");
       // stopping early: breaking out of the loop ends the generation and frees the decoder
       const h = generate(dec, { prompt: "def add(a, b):", maxNewTokens: 50, k: 2 });
       for await (const _ of h) break;
@@ -141,12 +254,14 @@ for (const v of all) {
       assert.equal(dec.busy, false);
     });
 
-    test("seeded sampling: the first token of a round follows the target's p (TV < 3·noise + 0.01)", async () => {
+    test("sampling: the first token of a round follows the target's p under both rules (TV < 3·noise + 0.01)", async () => {
       const ids = v.chats[1].ids;
-      for (const sp of [samplingParams({ temperature: 0.8, topP: 0.95 }), samplingParams({ temperature: 1, topK: 20 })]) {
-        const r = await firstTokenCheck(dec, ids, sp, v.sampling_draws, 3);
-        assert.ok(r.tv < 3 * r.tvNoise + 0.01, `tv ${r.tv} vs noise ${r.tvNoise} (${JSON.stringify(sp)})`);
-        if (v.draft_is_target) assert.equal(r.accepted, r.proposed, "draft == target: every proposal accepted");
+      for (const coupled of [false, true]) {
+        for (const sp of [samplingParams({ temperature: 0.8, topP: 0.95 }), samplingParams({ temperature: 1, topK: 20 })]) {
+          const r = await firstTokenCheck(dec, ids, sp, v.sampling_draws, 3, 0, coupled);
+          assert.ok(r.tv < 3 * r.tvNoise + 0.01, `${coupled ? "gumbel" : "standard"}: tv ${r.tv} vs noise ${r.tvNoise} (${JSON.stringify(sp)})`);
+          if (v.draft_is_target) assert.equal(r.accepted, r.proposed, "draft == target: every proposal accepted");
+        }
       }
     });
   });

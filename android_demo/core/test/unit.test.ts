@@ -3,7 +3,9 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import { AdaptiveK, expectedTokens, tVerify } from "../src/adaptive.js";
 import { checkSettings, DEFAULT_SETTINGS, parseCostModel } from "../src/chat.js";
+import { exponential, followChoices, GumbelCoupling, positionKey, uniformNumerator } from "../src/coupling.js";
 import { EdgespecError } from "../src/errors.js";
+import { compareRows, top2 } from "../src/evaluate.js";
 import { KVCache } from "../src/kvcache.js";
 import { parseManifest } from "../src/manifest.js";
 import { causalMask } from "../src/model.js";
@@ -189,4 +191,54 @@ test("chat settings and the cached cost model: bad values refused, a bad cache e
   assert.deepEqual(parseCostModel(JSON.stringify(good)), good);
   for (const bad of [null, "", "{", "[]", JSON.stringify({ ...good, draftMs: -1 }), JSON.stringify({ ...good, verifyMs: [1] })])
     assert.equal(parseCostModel(bad), null);
+});
+
+test("GumbelCoupling: choose is argmin E/p, a sample from p keyed by (seed, n); ties and seeds", () => {
+  const p = Float64Array.from([0.5, 0, 0.2, 0.3]);
+  const c = new GumbelCoupling(42, 4), counts = [0, 0, 0, 0];
+  for (let n = 0; n < 20000; n++) {
+    const x = c.choose(p, n);
+    let best = -1;
+    for (let v = 0; v < 4; v++) if (p[v] > 0 && (best < 0 || exponential(42, n, v) / p[v] < exponential(42, n, best) / p[best])) best = v;
+    assert.equal(x, best);
+    counts[x]++;
+  }
+  assert.equal(counts[1], 0, "zero mass is never chosen");
+  [0.5, 0, 0.2, 0.3].forEach((q, v) => assert.ok(Math.abs(counts[v] / 20000 - q) < 0.015, `id ${v}: ${counts[v]}`));
+  // the same choice from the cached full noise vector and from the per-id path (small support), and any width
+  const wide = new Float64Array(1000);
+  wide[3] = 0.6; wide[997] = 0.4;
+  const a = new GumbelCoupling(9, 1000).choose(wide, 5), b = new GumbelCoupling(9, 1000);
+  b.noise(5);
+  assert.equal(b.choose(wide, 5), a);
+  assert.equal(new GumbelCoupling(9, 1000).choose(wide.map((x) => 3 * x), 5), a, "scale-free: p need not be normalized");
+  assert.throws(() => c.choose(new Float64Array(4), 0), /no positive mass/);
+  // seeds: a number and its bigint agree; the seed is reduced mod 2^64; non-integers are refused
+  assert.deepEqual(positionKey(2 ** 40 + 3, 7), positionKey(2n ** 40n + 3n, 7));
+  assert.deepEqual(positionKey(2n ** 64n + 5n, 7), positionKey(5, 7));
+  assert.notDeepEqual(positionKey(5, 7), positionKey(5, 8));
+  for (const bad of [-1, 1.5, 2 ** 60, NaN]) assert.throws(() => positionKey(bad, 0), EdgespecError);
+  const m = uniformNumerator(1, 2, 3);
+  assert.ok(Number.isSafeInteger(m) && m >= 0 && m < 2 ** 53);
+  assert.equal(exponential(1, 2, 3), -Math.log((m + 0.5) / 2 ** 53));
+});
+
+test("followChoices: keep drafted tokens while they are the target's choice; correction or bonus after", () => {
+  const choices = [5, 6, 7, 8];
+  const seen: number[] = [];
+  const at = (i: number) => { seen.push(i); return choices[i]; };
+  assert.deepEqual(followChoices([5, 6, 9], at), [2, 7]);
+  assert.deepEqual(seen, [0, 1, 2], "rows after the first mismatch are not scored");
+  assert.deepEqual(followChoices([5, 6, 7], (i) => choices[i]), [3, 8]);
+  assert.deepEqual(followChoices([], (i) => choices[i]), [0, 5]);
+});
+
+test("compareRows: a swapped near-tie passes; another candidate or a wrong argmax fails", () => {
+  const ref = Float32Array.from([0, 2.05, 2.0, 1]), other = Float32Array.from([0, 2.0, 2.04, 1]);
+  const r = compareRows(1, top2(ref), 2, other);
+  assert.ok(r.ok, r.problem ?? "");
+  assert.ok(Math.abs(r.gap - 0.05) < 1e-6 && Math.abs(r.delta - 0.09) < 1e-6);
+  assert.match(compareRows(1, top2(ref), 3, Float32Array.from([0, 2.0, 1.0, 2.1])).problem!, /other tokens on top/);
+  assert.match(compareRows(1, top2(ref), 2, ref).problem!, /not its own side's token/);
+  assert.deepEqual(top2([1, 3, 3, 2]), [[1, 3], [2, 3]]);
 });
