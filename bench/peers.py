@@ -19,7 +19,6 @@ onnxruntime-genai is not run here: see docs/benchmarks.md ("Peers") for why.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -29,7 +28,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from llama_server import LlamaServer, PeerError, PeerMode  # noqa: E402
+from bench_cli import finish  # noqa: E402
+from llama_server import LlamaServer, PeerMode  # noqa: E402
 
 from edgespec import paths  # noqa: E402
 from edgespec.errors import EdgespecError  # noqa: E402
@@ -383,23 +383,14 @@ def main(argv=None) -> int:
     ap.add_argument("--llama-build", type=Path, help="llama.cpp cmake build dir (default: <cache>/peers/build)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/peers"), help="writes OUT.json and OUT.png")
     args = ap.parse_args(argv)
-    try:
-        result = run(args)
-    except (EdgespecError, PeerError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(args.out.name + ".json.tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(args.out.with_name(args.out.name + ".json"))
-    print(table(result))
-    try:  # the JSON and the table never depend on the plot (matplotlib is the `bench` extra)
-        plot(result, args.out.with_name(args.out.name + ".png"))
-    except ModuleNotFoundError as e:
-        print(f"no plot: {e.name} is not installed (pip install -e '.[bench]')", file=sys.stderr)
-    print(json.dumps(result["headline"], indent=1))
-    return 0
 
+    def plot_if_possible(result: dict) -> None:  # the JSON and the table never depend on the plot
+        try:  # matplotlib is the `bench` extra
+            plot(result, args.out.with_name(args.out.name + ".png"))
+        except ModuleNotFoundError as e:
+            print(f"no plot: {e.name} is not installed (pip install -e '.[bench]')", file=sys.stderr)
+
+    return finish(args, run, table, after=plot_if_possible)
 
 if __name__ == "__main__":
     sys.exit(main())
