@@ -94,6 +94,7 @@ class AdaptiveK(KPolicy):
         # recent measured / modelled round-time ratios per proposer (None: plain steps); a budget plans with p90
         self.ratios: dict[str | None, list[float]] = {}
         self._p90: dict[str | None, float] = {}
+        self.memory_path = None  # where end() writes the learned state (for_decoder(memory=...))
 
     # -- answer length ----------------------------------------------------------------------------------
 
@@ -103,18 +104,50 @@ class AdaptiveK(KPolicy):
         self.conf_sum, self.conf_n = 0.0, 0
 
     def end(self, new_tokens: int) -> None:
-        """The answer ended with ``new_tokens`` tokens; remembered (last 32) to predict later answers' length."""
+        """The answer ended with ``new_tokens`` tokens; remembered (last 32) to predict later answers' length.
+        With a memory file (:meth:`for_decoder` with ``memory``) the learned state is written to it."""
         self.lengths = (self.lengths + [int(new_tokens)])[-32:]
+        if self.memory_path is not None:
+            from .controller_memory import write_state
+
+            write_state(self.memory_path, self.state())
+
+    # -- what persists ----------------------------------------------------------------------------------
+
+    def state(self) -> dict:
+        """What this controller learned, as JSON data (:mod:`.controller_memory` validates and stores it)."""
+        from .controller_memory import VERSION
+
+        return {"version": VERSION, "lengths": list(self.lengths),
+                "counts": {k: list(v) for k, v in self.counts.items()}, "overhead": dict(self.overhead),
+                "rounds": dict(self.rounds), "scale_samples": {k: list(v) for k, v in self.scale_samples.items()},
+                "catchup_measured_ms": self.catchup_measured_ms,
+                "tree_accepted": {k: {str(n): v for n, v in d.items()} for k, d in self.tree_accepted.items()}}
+
+    def load_state(self, state: dict) -> None:
+        """Continue from ``state`` (validated by :func:`~edgespec.controller_memory.parse_state`)."""
+        self.lengths, self.counts = list(state["lengths"]), {k: list(v) for k, v in state["counts"].items()}
+        self.overhead, self.rounds = dict(state["overhead"]), dict(state["rounds"])
+        self.catchup_measured_ms = state["catchup_measured_ms"]
+        self.tree_accepted = {k: dict(d) for k, d in state["tree_accepted"].items()}
+        self.scale_samples, self._scales = {"target": [], "draft": []}, {}
+        for model, samples in state["scale_samples"].items():
+            for r in samples:
+                self._sample_scale(model, r)
 
     def expected_remaining(self, horizon: int) -> float:
         """Expected new tokens still to come in this answer, at most ``horizon``.
 
-        From the earlier answers of this controller that ran longer than the current one: their mean excess.
-        Without such history, the current length itself (an answer that has run n tokens is expected to run
-        about n more: the rule of a scale-free length prior, and the break-even rule of rent-or-buy problems),
-        so a draft whose catch-up costs C ms starts once about C / (ms saved per token) tokens are out.
+        From the earlier answers of this controller (and, with ``memory``, of earlier processes on this device
+        and export) that ran longer than the current one: their mean excess; if none ran longer, the current
+        length itself (an answer that has run n tokens is expected to run about n more: the rule of a
+        scale-free length prior, and the break-even rule of rent-or-buy problems). With no answer seen at all,
+        the larger of that and half the tokens the request still allows (``horizon``: ``max_new_tokens`` less
+        those out), the mean of a length uniform up to the request's limit.
         """
         n = self.generated
+        if not self.lengths:  # no answer seen: also the request's own limit (uniform length up to it)
+            return max(1.0, min(max(float(n), horizon / 2), float(horizon)))
         longer = [length - n for length in self.lengths if length > n]
         r = float(np.mean(longer)) if longer else float(max(n, 1))
         return max(1.0, min(r, float(horizon)))
@@ -350,9 +383,21 @@ class AdaptiveK(KPolicy):
             self._p90[key] = float(np.percentile(self.ratios[key], 90))
 
     @classmethod
-    def for_decoder(cls, decoder, latency_budget_ms: float | None = None, k_max: int = 6, **kw) -> "AdaptiveK":
+    def for_decoder(cls, decoder, latency_budget_ms: float | None = None, k_max: int = 6,
+                    memory: str | None = None, **kw) -> "AdaptiveK":
         """A controller with ``decoder``'s calibrated cost model (measured once per device and export, see
-        :func:`~edgespec.calibrate.calibrate`)."""
+        :func:`~edgespec.calibrate.calibrate`). ``memory``: a name for the use (the CLI passes its command:
+        ``generate``, ``chat``, ``serve``, ``complete``): start from what earlier processes of that use learned on
+        this device and export, and keep it up to date (:mod:`.controller_memory`; a missing or invalid file:
+        cold). None (the default): start cold, save nothing."""
         from .calibrate import calibrate
 
-        return cls(calibrate(decoder, k_max), k_max=k_max, latency_budget_ms=latency_budget_ms, **kw)
+        policy = cls(calibrate(decoder, k_max), k_max=k_max, latency_budget_ms=latency_budget_ms, **kw)
+        if memory:
+            from .controller_memory import memory_path, read_state
+
+            policy.memory_path = memory_path(decoder, k_max, memory)
+            state = read_state(policy.memory_path)
+            if state is not None:
+                policy.load_state(state)
+        return policy
