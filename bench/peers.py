@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from llama_server import LlamaServer, PeerError, PeerMode  # noqa: E402
 
-from edgespec import paths  # noqa: E402
+from edgespec.io import paths  # noqa: E402
 from edgespec.errors import EdgespecError  # noqa: E402
-from edgespec.prompts import Prompt, builtin  # noqa: E402
+from edgespec.bench.prompts import Prompt, builtin  # noqa: E402
 
 EDGESPEC, LLAMA = "edgespec", "llama.cpp"
 
@@ -48,13 +48,13 @@ class EdgespecRunner:
     runtime = EDGESPEC
 
     def __init__(self, dec, mode_name: str, temperature: float = 0.0):
-        from edgespec.bench import Mode
+        from edgespec.bench.runner import Mode
 
         self.dec, self.mode, self.temperature = dec, Mode.parse(mode_name), temperature
         self.mode_name = mode_name
 
     def run(self, i: int, prompt: Prompt, ids: list[int], max_new_tokens: int) -> dict:
-        from edgespec.bench import run_one
+        from edgespec.bench.runner import run_one
 
         rec = run_one(self.dec, self.mode, prompt, max_new_tokens, self.temperature, seed=i)
         rec["prefill_tok_s"] = rec["prompt_tokens"] / (rec["ttft_ms"] / 1e3) if rec["ttft_ms"] else 0.0
@@ -193,7 +193,7 @@ def find_ggufs(export_dir: Path, target: Path | None = None, draft: Path | None 
     Raises:
         EdgespecError: the export is invalid, or a GGUF is not on this machine.
     """
-    from edgespec.manifest import load_manifest
+    from edgespec.io.manifest import load_manifest
 
     m = load_manifest(export_dir)
     found = []
@@ -290,9 +290,9 @@ def run(args) -> dict:
     import os
     from contextlib import ExitStack
 
-    from edgespec.calibrate import calibrate
-    from edgespec.decoder import SpecDecoder
-    from edgespec.progress import progress_bar
+    from edgespec.control.calibrate import calibrate
+    from edgespec.engine.decoder import SpecDecoder
+    from edgespec.bench.progress import progress_bar
     from peers_build import SDIST_REQ, binaries, cache_dir
 
     modes = args.modes.split(",")
