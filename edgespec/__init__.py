@@ -25,8 +25,8 @@ _moved.install()
 
 _PUBLIC = {"AdaptiveK": "control.adaptive", "SpecDecoder": "engine.decoder", "EdgespecError": "errors",
            "Generation": "engine.generation", "GenerationOptions": "engine.generation", "KPolicy": "control.kpolicy",
-           "RoundPlan": "control.kpolicy", "RoundResult": "control.kpolicy", "Proposal": "draft.proposers",
-           "Proposer": "draft.proposers", "register": "draft.proposers", "GenerationStats": "core.stats",
+           "RoundPlan": "core.round", "RoundResult": "core.round", "Proposal": "core.round",
+           "Proposer": "draft.base", "register": "draft.base", "GenerationStats": "core.stats",
            "Processing": "core.processors", "Constraint": "core.constrain"}
 __all__ = sorted(_PUBLIC) + ["__version__"]
 

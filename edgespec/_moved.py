@@ -17,7 +17,7 @@ MOVED = {
     "kpolicy": "control.kpolicy", "sampling": "core.sampling", "tree": "core.token_tree", "stats": "core.stats",
     "coupling": "core.coupling", "processors": "core.processors", "constrain": "core.constrain",
     "onnx_model": "io.onnx_model", "pages": "io.pages", "manifest": "io.manifest", "integrity": "io.integrity",
-    "text": "io.text", "paths": "io.paths", "proposers": "draft.proposers", "lookup": "draft.lookup",
+    "text": "io.text", "paths": "io.paths", "proposers": "draft", "lookup": "draft.lookup",
     "suffix": "draft.suffix", "adaptive": "control.adaptive", "calibrate": "control.calibrate",
     "decoder": "engine.decoder", "generation": "engine.generation", "chat": "apps.chat",
     "chat_input": "apps.chat_input", "serve": "apps.serve", "serve_fields": "apps.serve_fields",

@@ -5,9 +5,9 @@ import pytest
 
 from edgespec.control.adaptive import AdaptiveK, CostModel, expected_tokens
 from edgespec.engine.decoder import SpecDecoder
-from edgespec.control.kpolicy import Offer, RoundPlan, RoundResult, Situation
+from edgespec.core.round import Offer, RoundPlan, RoundResult, Situation
 from edgespec.draft.lookup import ngram_lookup
-from edgespec.draft.proposers import PROPOSERS
+from edgespec.draft import PROPOSERS
 from edgespec.core.sampling import SamplingParams, accept_reject, probs, sample
 
 LINEAR = [100.0 + 10.0 * (n - 1) for n in range(1, 9)]  # t_v(N) = 100 ms + 10 ms per extra row
@@ -305,8 +305,8 @@ def test_the_controller_is_pure_decision_logic_without_onnxruntime():
 
     code = ("import sys; sys.modules['onnxruntime'] = None; "
             "from edgespec.control.adaptive import AdaptiveK, CostModel; "
-            "from edgespec.control.kpolicy import Offer, Situation; "
-            "from edgespec.draft.proposers import DraftChain; "
+            "from edgespec.core.round import Offer, Situation; "
+            "from edgespec.draft import DraftChain; "
             "pol = AdaptiveK(CostModel([100.0 + 10 * n for n in range(8)], draft_ms=5.0), alpha0=0.9); "
             "print(pol.choose(Situation((Offer(DraftChain(), 99),))).name)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

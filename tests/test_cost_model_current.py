@@ -8,8 +8,8 @@ import pytest
 
 from edgespec.control.adaptive import AdaptiveK
 from edgespec.control.calibrate import CostModel, calibrate, calibration_path
-from edgespec.control.kpolicy import Offer, RoundResult, Situation
-from edgespec.draft.proposers import DraftChain
+from edgespec.core.round import Offer, RoundResult, Situation
+from edgespec.draft import DraftChain
 
 TRUE_VERIFY = [79.0, 91.0, 105.0, 115.0, 129.0, 139.0, 154.0]  # t_v(1..7) ms of an idle machine (issue 12)
 TRUE_DRAFT = 27.0

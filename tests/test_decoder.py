@@ -5,7 +5,8 @@ import pytest
 
 from edgespec.engine.decoder import SpecDecoder
 from edgespec.engine.generation import GenerationOptions
-from edgespec.control.kpolicy import KPolicy, KSchedule, RoundPlan
+from edgespec.control.kpolicy import KPolicy, KSchedule
+from edgespec.core.round import RoundPlan
 from edgespec.io.text import IncrementalDetokenizer
 
 

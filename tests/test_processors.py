@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from edgespec.engine.decoder import SpecDecoder
-from edgespec.control.kpolicy import RoundPlan
+from edgespec.core.round import RoundPlan
 from edgespec.core.processors import Pipeline, Processing, process_rows, token_logprobs
-from edgespec.draft.proposers import DraftChain
+from edgespec.draft import DraftChain
 from edgespec.core.sampling import SamplingParams, probs
 from edgespec.core.token_tree import TokenTree
 

@@ -4,8 +4,8 @@ import pytest
 
 from edgespec.engine.decoder import SpecDecoder
 from edgespec.engine.generation import GenerationOptions
-from edgespec.control.kpolicy import RoundPlan, RoundResult
-from edgespec.draft.proposers import DraftChain
+from edgespec.core.round import RoundPlan, RoundResult
+from edgespec.draft import DraftChain
 from edgespec.core.stats import GenerationStats
 
 

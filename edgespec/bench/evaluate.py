@@ -16,7 +16,8 @@ import numpy as np
 from ..core.coupling import GumbelCoupling
 from ..engine.decoder import feed
 from ..engine.generation import GenerationOptions
-from ..control.kpolicy import FixedK, RoundPlan
+from ..control.kpolicy import FixedK
+from ..core.round import RoundPlan
 from .progress import progress_bar
 from ..core.sampling import SamplingParams, probs
 
@@ -24,7 +25,7 @@ NEAR_TIE_LOGIT_GAP = 0.1  # logits: reported only (how near a tie was); the verd
 
 
 class _Recorder(FixedK):
-    """A fixed K that keeps every :class:`~edgespec.control.kpolicy.RoundResult` of one generation."""
+    """A fixed K that keeps every :class:`~edgespec.core.round.RoundResult` of one generation."""
 
     def __init__(self, k: int, n_nodes: int | None = None):
         super().__init__(k, n_nodes)
@@ -133,7 +134,7 @@ def replay_verify(decoder, input_ids: list[int], first_token: int, rounds, keep_
                   upto: int | None = None, score=None) -> dict:
     """Replay a generation's verify calls on a clean target cache and check its tokens against them.
 
-    ``rounds`` are the generation's :class:`~edgespec.control.kpolicy.RoundResult` in order (each with its ``tree``
+    ``rounds`` are the generation's :class:`~edgespec.core.round.RoundResult` in order (each with its ``tree``
     and ``start``); the prompt ``input_ids`` is fed as a fresh prefill feeds it (chunks, head on the last
     row), whose argmax must be ``first_token`` (token 0). Round r's verify call is rebuilt here, independently of the decoder: ids
     ``[last] + tree.tokens``, positions L + (0, depths), a causal mask for a chain or the ancestor mask for a

@@ -45,7 +45,7 @@ class Mode:
     @staticmethod
     def parse(name: str) -> "Mode":
         """From the names above; ValueError otherwise."""
-        from ..draft.proposers import PROPOSERS
+        from ..draft import PROPOSERS
 
         if name == "plain":
             return Mode(name, k=0, draft=False)

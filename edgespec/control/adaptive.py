@@ -37,8 +37,10 @@ from __future__ import annotations
 import numpy as np
 
 from .calibrate import CostModel
-from .kpolicy import KPolicy, RoundPlan, RoundResult, Situation
-from ..draft.proposers import DraftChain, Proposer
+from .kpolicy import KPolicy
+from ..core.round import RoundPlan, RoundResult, Situation
+from ..draft.base import Proposer
+from ..draft.chain import DraftChain
 from ..core.token_tree import TreeShape
 
 __all__ = ["AdaptiveK", "CostModel", "expected_tokens"]

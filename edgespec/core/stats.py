@@ -69,7 +69,7 @@ class GenerationStats:
         return out
 
     def record_round(self, r, emitted: int) -> None:
-        """Count a finished round (:class:`~edgespec.control.kpolicy.RoundResult`) of which the first ``emitted`` tokens
+        """Count a finished round (:class:`~edgespec.core.round.RoundResult`) of which the first ``emitted`` tokens
         were used (fewer than ``len(r.tokens)`` when a stop token or ``max_new_tokens`` cut it)."""
         self.rounds += 1
         self.round_ms.append(r.round_ms)

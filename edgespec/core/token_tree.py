@@ -13,7 +13,7 @@ SpecInfer (Miao et al. 2024, multi-step speculative sampling) in its without-rep
 et al. 2024): accept child x with probability min(1, p(x)/q(x)); on rejection p ← norm(max(0, p − q)) and
 q ← norm(q with x removed); when no child is accepted, sample from the final p. A node without children
 samples from p. The emitted tokens follow the target distribution exactly. The walk is :func:`edgespec.core.sampling.verify_tree`;
-growing a tree with the draft is :class:`edgespec.draft.proposers.DraftTree`.
+growing a tree with the draft is :class:`edgespec.draft.DraftTree`.
 """
 
 from __future__ import annotations

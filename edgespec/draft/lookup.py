@@ -8,7 +8,14 @@ with x removed, which keeps the target distribution exactly.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
+
+from ..core.round import Offer, Proposal
+from ..core.token_tree import TokenTree
+from .base import Proposer, register
 
 
 def ngram_lookup(tokens: list[int], k: int, max_ngram: int = 4, min_ngram: int = 2,
@@ -35,3 +42,22 @@ def ngram_match(tokens: list[int], k: int, max_ngram: int = 4, min_ngram: int = 
             if s + n < n_tok and np.array_equal(arr[s:s + n], suffix):
                 return arr[s + n: s + n + k].tolist(), n
     return [], 0
+
+
+@register
+@dataclass(frozen=True)
+class PromptLookup(Proposer):
+    """Prompt lookup (see the module docstring): the continuation of the longest recent n-gram match; no model, a
+    fixed proposal (one-hot q: accepted with probability p(x))."""
+
+    name: ClassVar[str] = "lookup"
+
+    def limit(self, tokens, cap) -> int:
+        return len(ngram_lookup(tokens, cap))
+
+    def offer(self, dec, cap):
+        continuation, n = ngram_match(dec.tokens, cap)
+        return Offer(self, len(continuation), n)
+
+    def propose(self, dec, size, sp, rng) -> Proposal:
+        return Proposal(TokenTree.chain(ngram_lookup(dec.tokens, size)))

@@ -25,9 +25,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..control.kpolicy import Offer
-from .proposers import Proposal, Proposer, register
+from ..core.round import Offer, Proposal
 from ..core.token_tree import TokenTree, pick_children
+from .base import Proposer, register
 
 
 class SuffixIndex:

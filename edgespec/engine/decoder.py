@@ -15,12 +15,13 @@ import numpy as np
 from ..core.coupling import GumbelCoupling
 from .generation import Generation, GenerationOptions
 from ..io.integrity import check_files, check_tokenizer, tokenizer_width
-from ..control.kpolicy import FixedK, KPolicy, RoundPlan, RoundResult, Situation
+from ..control.kpolicy import FixedK, KPolicy
+from ..core.round import RoundPlan, RoundResult, Situation
 from ..io.manifest import Manifest, load_manifest
 from ..io.onnx_model import CPU, KVCache, OnnxLM, resolve_provider, use_shared_thread_pool
 from ..io.pages import trim_heap
 from ..core.processors import Pipeline, pipeline_for, process_rows, token_logprobs
-from ..draft.proposers import Proposer, resolve
+from ..draft import Proposer, resolve
 from ..core.sampling import (SamplingParams, accept_reject, follow_choices, greedy_accept, probs, sample,
                        top1_probability, verify_tree)
 from ..core.stats import GenerationStats

@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields
 from typing import Iterator
 
 from ..core.processors import MAX_TOP_LOGPROBS, Processing
-from ..draft.proposers import PROPOSERS, Proposer
+from ..draft import PROPOSERS, Proposer
 from ..core.sampling import SamplingParams
 from ..core.stats import GenerationStats
 from ..io.text import IncrementalDetokenizer
@@ -20,7 +20,7 @@ class GenerationOptions:
 
     ``proposers``: drafting sources in priority order, by registered name (``"draft"``: the draft model's
     chain, ``"tree"``: its token trees, ``"lookup"``: prompt lookup; see :mod:`.proposers`) or as
-    :class:`~edgespec.draft.proposers.Proposer` instances; ``()`` is plain decoding with the target alone. Without a
+    :class:`~edgespec.draft.Proposer` instances; ``()`` is plain decoding with the target alone. Without a
     K policy, each round drafts a fixed ``k`` tokens (K, the draft length) or, from a tree proposer, a tree of
     ``n_nodes``. ``draft_p_min`` stops a draft chain once the draft's top probability falls below it.
     ``temperature`` 0 is greedy; ``top_k`` 0 and ``top_p`` 1 are off. ``processing``
