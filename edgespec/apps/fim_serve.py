@@ -1,8 +1,8 @@
 """The code-completion routes of ``edgespec serve``: ``POST /infill`` (llama.cpp), ``POST /api/generate`` and
 ``GET /api/tags`` (Ollama), and the FIM side of ``POST /v1/completions`` with ``suffix`` (OpenAI).
 
-Each request becomes an :class:`~edgespec.apps.serve.Job` on the one engine, so it shares the queue, the KV cache
-of earlier requests (an editor resends the whole file around the cursor on every keystroke: the common
+Each request becomes an :class:`~edgespec.apps.serve_job.Job` on the one engine, so it shares the queue, the KV
+cache of earlier requests (an editor resends the whole file around the cursor on every keystroke: the common
 prefix is not prefilled again) and the disconnect handling of the chat routes. FIM prompts are built by
 :mod:`.fim` from the export's own FIM tokens; an export without them gets a 400. ``/infill`` with
 ``cache_prompt`` (llama.cpp's default, which its editor plug-ins send) also replaces the same client's
@@ -19,6 +19,7 @@ from .fim import FimPrompt, MiddleCutter, build_ids, fim_tokens
 from .fim_api import (completion_suffix, infill_object, llama_timings, ollama_chunk, ollama_done, ollama_tags,
                       parse_infill, parse_ollama_generate)
 from .openai_api import RequestError, extension_object
+from .serve_job import Job, read_json, wait_disconnect
 from ..core.stats import GenerationStats
 
 __all__ = ["completion_suffix", "routes", "suffix_ids", "mark_fim", "evaluate_only"]
@@ -67,8 +68,6 @@ def evaluate_only(d, job, cached: int, queue_ms: float) -> str:
 def _job(engine, req, ids: list[int], loop, client: str | None, stop_ids: frozenset):
     """The engine job of a FIM endpoint's request. Raises RequestError (400): the prompt or the answer does
     not fit the context (the server's, or the request's ``num_ctx``)."""
-    from .serve import Job
-
     ctx = engine.decoder.context_length if req.num_ctx is None else min(req.num_ctx, engine.decoder.context_length)
     n = len(ids)
     if n >= ctx:
@@ -109,9 +108,7 @@ def _stop_type(job, finish: str, stats) -> str:
 
 async def _events(job, request):
     """Yield the job's events until its end; a client that leaves cancels the job (then nothing more)."""
-    from .serve import _wait_disconnect
-
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    watcher = asyncio.ensure_future(wait_disconnect(request))
     try:
         while True:
             getter = asyncio.ensure_future(job.events.get())
@@ -135,14 +132,12 @@ def routes(engine, max_body_bytes: int) -> list:
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
-    from .serve import _read_json
-
     def llama_error(status: int, message: str) -> dict:  # llama.cpp server's error object
         return {"error": {"code": status, "message": message,
                           "type": "invalid_request_error" if status < 500 else "server_error"}}
 
     async def start(request, parse, build, replace: bool):
-        body = await _read_json(request, max_body_bytes)
+        body = await read_json(request, max_body_bytes)
         req = parse(body)
         ids = await run_in_threadpool(build, req)
         stop_ids = _tokens(engine).stop_ids if req.fim is not None else frozenset()

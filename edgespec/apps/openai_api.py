@@ -16,27 +16,10 @@ import uuid
 from dataclasses import dataclass
 
 from .openai_fields import check_fields, parse_extras, tool_message
+from .request_error import RequestError, error_object  # noqa: F401  (error_object: part of this module's API)
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_STOP = 4  # as the OpenAI API
-
-
-class RequestError(Exception):
-    """A request the server refuses: ``status`` (4xx) and an OpenAI-style error object."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-
-    def body(self) -> dict:
-        return error_object(self.message, self.kind, self.param, self.code)
-
-
-def error_object(message: str, kind: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None) -> dict:
-    """``{"error": {"message", "type", "param", "code"}}`` as the OpenAI API returns it."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 @dataclass(frozen=True)

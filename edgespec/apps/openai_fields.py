@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 
 from ..core.processors import MAX_TOP_LOGPROBS
+from .request_error import RequestError
 
 # every field a request may carry (null counts as absent); anything else is a 400 naming it
 CHAT_FIELDS = frozenset({
@@ -30,8 +31,6 @@ INF_LOGPROB = -9999.0  # what a token the processors forbid (logprob -inf) is re
 
 
 def _error(message: str, param: str | None = None):
-    from .openai_api import RequestError
-
     return RequestError(400, message, param)
 
 

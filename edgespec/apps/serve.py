@@ -15,50 +15,14 @@ import queue
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 
 from .openai_api import (Request, RequestError, StopMatcher, chunk_object, error_object, extension_object,
                          new_id, parse_chat, parse_completion, response_object, usage_object)
 from .serve_fields import encode_request, generation_overrides
+from .serve_job import Job, read_json, wait_disconnect
 from .serve_output import Choice
 
 MAX_BODY_BYTES = 4 << 20
-
-
-@dataclass
-class Job:
-    """One queued generation. The worker thread posts ``(kind, ...)`` events to ``events`` on ``loop``:
-    ``("text", str)`` (``("text", str, [TokenLogprob])`` when ``logprobs``), then
-    ``("done", finish_reason, stats, cached_tokens, queue_ms)`` or ``("error", status, message)``. ``echo``:
-    text sent first (the prompt, for completions' ``echo``).
-
-    Completion jobs (:mod:`.fim_serve`) also set ``stop_ids`` (tokens that end this generation besides the
-    export's stop tokens), ``matcher`` (a :class:`~edgespec.apps.fim.MiddleCutter` in place of the stop-string
-    matcher), ``evaluate_only`` (cache the prompt, generate nothing), ``cache_prompt`` (False: no KV reuse) and
-    ``client`` (a newer job of the same client replaces this one: it is cancelled with a 409)."""
-
-    ids: list[int]
-    overrides: dict
-    stops: tuple[str, ...]
-    budget_ms: float | None
-    loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
-    cancel: threading.Event = field(default_factory=threading.Event)
-    enqueued: float = field(default_factory=time.perf_counter)
-    stop_ids: frozenset = frozenset()
-    matcher: object = None
-    evaluate_only: bool = False
-    cache_prompt: bool = True
-    client: str | None = None
-    superseded: bool = False
-    logprobs: bool = False
-    echo: str = ""
-
-    def post(self, *event) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:  # the event loop has closed (server shutting down): nobody is listening
-            self.cancel.set()
 
 
 class Engine:
@@ -208,29 +172,6 @@ def _post_superseded(job: Job) -> None:
 # -- HTTP ----------------------------------------------------------------------------------------------
 
 
-async def _read_json(request, limit: int):
-    """The request body as JSON. Raises RequestError: 413 over ``limit`` bytes, 400 if not JSON."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestError(413, f"the request body is over {limit} bytes", code="request_too_large")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise RequestError(413, f"the request body is over {limit} bytes", code="request_too_large")
-    try:
-        return json.loads(bytes(body))
-    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
-        raise RequestError(400, f"the request body is not valid JSON ({str(e)[:80]})") from None
-
-
-async def _wait_disconnect(request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
 def _job_for(engine: Engine, req: Request, ids: list[int], loop) -> Job:
     """Check the request against the context and build its job. Raises RequestError (400)."""
     ctx, n = engine.decoder.context_length, len(ids)
@@ -294,7 +235,7 @@ def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):
 
     async def complete(request, chat: bool):
         try:
-            body = await _read_json(request, max_body_bytes)
+            body = await read_json(request, max_body_bytes)
             req = parse_chat(body) if chat else parse_completion(body, engine.decoder.target.spec.vocab_size)
             suffix = None if chat else fim_serve.completion_suffix(body)
             if suffix is None:
@@ -314,7 +255,7 @@ def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):
             return StreamingResponse(_sse(job, request, chat, rid, engine.model, req.include_usage,
                                           Choice(chat, req.extras, engine.decoder.tokenizer)),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        watcher = asyncio.ensure_future(_wait_disconnect(request))
+        watcher = asyncio.ensure_future(wait_disconnect(request))
         choice = Choice(chat, req.extras, engine.decoder.tokenizer)
         try:
             while True:
@@ -376,7 +317,7 @@ async def _sse(job: Job, request, chat: bool, rid: str, model: str, include_usag
     """Server-sent events: text deltas (and tool-call deltas, through ``choice``), a closing chunk
     (finish_reason and the ``edgespec`` figures), the usage chunk if asked for, then ``data: [DONE]``. Leaving
     early (client gone) cancels the job."""
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    watcher = asyncio.ensure_future(wait_disconnect(request))
     watcher.add_done_callback(lambda _: job.cancel.set())
     try:
         if chat:
