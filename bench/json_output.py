@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_cli import finish  # noqa: E402
 from llama_server import LlamaServer, PeerMode, _post, parse_completion  # noqa: E402
 
-from edgespec import paths  # noqa: E402
+from edgespec.io import paths  # noqa: E402
 from edgespec.errors import EdgespecError  # noqa: E402
 
 PERSON = {"type": "object", "properties": {
@@ -83,13 +83,13 @@ class EdgespecRunner:
     runtime = EDGESPEC
 
     def __init__(self, dec, mode_name: str):
-        from edgespec.bench import Mode
+        from edgespec.bench.runner import Mode
 
         self.dec, self.mode, self.mode_name = dec, Mode.parse(mode_name), mode_name
 
     def run(self, ids: list[int], schema: dict, max_new_tokens: int) -> dict:
-        from edgespec.constrain import Constraint
-        from edgespec.processors import Processing
+        from edgespec.core.constrain import Constraint
+        from edgespec.core.processors import Processing
 
         options = dataclasses.replace(self.mode.options(max_new_tokens, 0.0, 0),
                                       processing=Processing(constraint=Constraint.json_schema(schema)))
@@ -172,8 +172,8 @@ def run(args) -> dict:
     import os
     from contextlib import ExitStack
 
-    from edgespec.calibrate import calibrate
-    from edgespec.decoder import SpecDecoder
+    from edgespec.control.calibrate import calibrate
+    from edgespec.engine.decoder import SpecDecoder
 
     export = Path(args.export).expanduser() if args.export else paths.default_export_dir()
     dec = SpecDecoder.load(export, threads=args.threads)

@@ -60,17 +60,20 @@ def llama_bench(binary: Path, gguf: Path, n: int, threads: int, repeats: int) ->
 
 
 def run(args) -> dict:
-    from peers import _cpu, find_ggufs
+    from peers import _cpu, find_gguf
     from peers_build import binaries, cache_dir
 
     from edgespec.decoder import SpecDecoder
 
+    try:
+        chunks = [int(c) for c in args.chunks.split(",")]
+    except ValueError:
+        chunks = [0]
+    if any(c < 1 for c in chunks) or args.tokens < 1 or args.repeats < 1:
+        raise ValueError(f"--chunks must be positive integers (got {args.chunks!r}), --tokens and --repeats >= 1")
     export = Path(args.export) if args.export else paths.default_export_dir()
     dec = SpecDecoder.load(export, threads=args.threads)
     ids = prompt_ids(dec.tokenizer, args.tokens)
-    chunks = [int(c) for c in args.chunks.split(",")]
-    if any(c < 1 for c in chunks):
-        raise ValueError(f"--chunks must be positive integers, got {args.chunks!r}")
     time_prefill(dec, ids[:64], 64)  # warm the session (first-run allocations)
     ms: dict[int, list[float]] = {c: [] for c in chunks}
     for r in range(args.repeats):
@@ -85,7 +88,7 @@ def run(args) -> dict:
         b = binaries(build)
         if "llama-bench" not in b:
             raise EdgespecError(f"no llama-bench in {build}: run python bench/peers_build.py")
-        target_gguf, _ = find_ggufs(export, args.target_gguf, None)
+        target_gguf = find_gguf(export, "target", args.target_gguf)
         llama = llama_bench(b["llama-bench"], target_gguf, args.tokens, args.threads, args.repeats)
     return {"cpu": _cpu(), "threads": args.threads, "tokens": args.tokens, "repeats": args.repeats,
             "export": str(export), "edgespec": edgespec, "llama.cpp": llama,

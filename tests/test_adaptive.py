@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
-from edgespec.adaptive import AdaptiveK, CostModel, expected_tokens
-from edgespec.decoder import SpecDecoder
-from edgespec.kpolicy import Offer, RoundPlan, RoundResult, Situation
-from edgespec.lookup import ngram_lookup
-from edgespec.proposers import PROPOSERS
-from edgespec.sampling import SamplingParams, accept_reject, probs, sample
+from edgespec.control.adaptive import AdaptiveK, CostModel, expected_tokens
+from edgespec.engine.decoder import SpecDecoder
+from edgespec.core.round import Offer, RoundPlan, RoundResult, Situation
+from edgespec.draft.lookup import ngram_lookup
+from edgespec.draft import PROPOSERS
+from edgespec.core.sampling import SamplingParams, accept_reject, probs, sample
 
 LINEAR = [100.0 + 10.0 * (n - 1) for n in range(1, 9)]  # t_v(N) = 100 ms + 10 ms per extra row
 P = {name: cls() for name, cls in PROPOSERS.items()}  # "draft", "tree", "lookup"
@@ -285,7 +285,7 @@ def test_lookup_mode_never_runs_the_draft_even_if_the_policy_asks(dec):
 def test_lookup_acceptance_is_tracked_per_match_length():
     """Long n-gram matches are accepted in full, short ones rejected: the controller takes lookup for a 4-gram
     match, and longer than a draft chain (up to ``free_k_max``), but not for a 2-gram match."""
-    from edgespec.lookup import ngram_match
+    from edgespec.draft.lookup import ngram_match
 
     pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=30.0), alpha0=0.6, lookup_alpha0=0.6)
     lookup = P["lookup"]
@@ -312,8 +312,9 @@ def test_the_controller_is_pure_decision_logic_without_onnxruntime():
     import sys
 
     code = ("import sys; sys.modules['onnxruntime'] = None; "
-            "from edgespec.adaptive import AdaptiveK, CostModel; from edgespec.kpolicy import Offer, Situation; "
-            "from edgespec.proposers import DraftChain; "
+            "from edgespec.control.adaptive import AdaptiveK, CostModel; "
+            "from edgespec.core.round import Offer, Situation; "
+            "from edgespec.draft import DraftChain; "
             "pol = AdaptiveK(CostModel([100.0 + 10 * n for n in range(8)], draft_ms=5.0), alpha0=0.9); "
             "print(pol.choose(Situation((Offer(DraftChain(), 99),))).name)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -322,7 +323,7 @@ def test_the_controller_is_pure_decision_logic_without_onnxruntime():
 
 def test_calibration_outlier_takes_the_line_value():
     """One t_v(N) hit by a burst of other load is replaced by the Theil–Sen line; a clean curve is kept."""
-    from edgespec.calibrate import smooth_verify
+    from edgespec.control.calibrate import smooth_verify
 
     clean = [65.7, 73.5, 91.5, 108.1, 122.6, 140.0, 164.8]
     assert smooth_verify(clean) == clean

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from edgespec.adaptive import AdaptiveK, CostModel
-from edgespec.controller_memory import memory_path, parse_state, read_state, write_state
+from edgespec.control.memory import memory_path, parse_state, read_state, write_state
 from edgespec.decoder import SpecDecoder
 from edgespec.kpolicy import Offer, RoundPlan, RoundResult, Situation
 from edgespec.proposers import PROPOSERS
