@@ -75,10 +75,11 @@ class EdgespecRunner:
             if first_ms is None:
                 first_ms = (time.perf_counter() - t0) * 1e3
             text.append(detok.push(toks))
+        latency_ms = (time.perf_counter() - t0) * 1e3  # the clock of ttft_ms (stats.wall_ms starts later)
         text.append(detok.flush())
         s = stats
         return {"completion": "".join(text), "prompt_tokens": len(ids), "new_tokens": s.new_tokens,
-                "ttft_ms": first_ms, "latency_ms": s.wall_ms, "decode_tok_s": s.decode_tokens_per_s,
+                "ttft_ms": first_ms, "latency_ms": latency_ms, "decode_tok_s": s.decode_tokens_per_s,
                 "alpha": s.alpha if self.mode.proposers else None, "accepted": s.accepted,
                 "drafted": s.proposed, "stop": s.stop_reason}
 
