@@ -187,3 +187,23 @@ def test_a_format4_manifest_on_a_format3_graph_is_a_clear_error(exports, tmp_pat
     (lying / "edgespec.json").write_text(json.dumps(raw))
     with pytest.raises(EdgespecError, match="not a format-4 graph"):
         OnnxLM(load_manifest(lying).target, lying)
+
+
+def test_format4_takes_a_head_size_format3_cannot(home, tiny_dirs, tmp_path):
+    """Head size 8 (not a multiple of 16, which GroupQueryAttention needs): format 4 exports it, and its
+    logits are the traced format-2 graph's."""
+    from edgespec.export import ExportOptions, export_pair
+    from tinymodels import build_model
+
+    odd = build_model(tmp_path / "odd", "qwen2", seed=5, layers=3, hidden=32, vocab=480)
+    lms = {}
+    for f in (2, 4):
+        o = ExportOptions(precision="fp32", graph_format=f)
+        d = export_pair(str(tiny_dirs["target"]), str(odd), tmp_path / f"f{f}", o, o)
+        m = load_manifest(d)
+        assert m.draft.graph_format == f and m.draft.head_dim == 8
+        lms[f] = OnnxLM(m.draft, d)
+    ids = IDS[:30]
+    c2, c4 = lms[2].new_cache(), lms[4].new_cache()
+    assert np.abs(lms[2].forward(ids[:20], c2) - lms[4].forward(ids[:20], c4)).max() < TOL
+    assert np.abs(lms[2].forward(ids[20:], c2) - lms[4].forward(ids[20:], c4)).max() < TOL
