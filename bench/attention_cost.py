@@ -3,7 +3,7 @@ against the grouped attention of graph format 4, in one run.
 
 - ``gqa``: the op format-3 graphs use, alone: a shared past/present buffer of 4,096 positions bound through IO
   binding (as ``SharedKVCache`` does), rotary inside the op, with and without the ``attention_bias`` input;
-  float32 and (``--fp16``) float16.
+  float32 and float16.
 - ``grouped``: the exact nodes ``export/grouped_graph.py`` writes for one layer (rotary, each KV head's query
   group as one (G·T, D) matrix, two score blocks under one softmax), the past bound by pointer as row
   prefixes of a (2, kv_heads, 4,096, D) block (as ``GroupedKVCache`` does: a window of the past rounded up to
@@ -14,7 +14,7 @@ Both start from the packed QKV projection's output (1, T, (heads + 2 kv_heads) �
 output (1, T, heads · D). Shapes: ``--shape target`` is Qwen2.5-1.5B's (12 query heads, 2 KV heads, D = 128),
 ``draft`` Qwen2.5-0.5B's (14, 2, 64). Random data; ms per call, mean of 50 after 3 warm-up calls.
 
-    python bench/attention_cost.py [--pasts 128,3500] [--new-rows 1,5] [--shape target|draft] [--fp16]
+    python bench/attention_cost.py [--pasts 128,3500] [--new-rows 1,5] [--shape target|draft] [--no-fp16]
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def main() -> None:
     ap.add_argument("--pasts", default="128,3500")
     ap.add_argument("--new-rows", default="1,5")
     ap.add_argument("--shape", choices=tuple(SHAPES), default="target")
-    ap.add_argument("--fp16", action="store_true", help="also GroupQueryAttention on float16 inputs")
+    ap.add_argument("--no-fp16", action="store_true", help="skip GroupQueryAttention on float16 inputs")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     heads, kv, hd = SHAPES[a.shape]
@@ -147,7 +147,7 @@ def main() -> None:
     print(f"one layer, {heads} query heads, {kv} KV heads, head size {hd}, {a.threads} threads; ms per call", flush=True)
     variants = [("GroupQueryAttention float32, attention_bias", TensorProto.FLOAT, np.float32, True),
                 ("GroupQueryAttention float32, no bias", TensorProto.FLOAT, np.float32, False)]
-    if a.fp16:
+    if not a.no_fp16:
         variants.append(("GroupQueryAttention float16, attention_bias", TensorProto.FLOAT16, np.float16, True))
     grouped = ort.InferenceSession(grouped_model(heads, kv, hd, cos, sin), so, providers=cpu)
     for new in (int(x) for x in a.new_rows.split(",")):

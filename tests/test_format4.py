@@ -207,3 +207,21 @@ def test_format4_takes_a_head_size_format3_cannot(home, tiny_dirs, tmp_path):
     c2, c4 = lms[2].new_cache(), lms[4].new_cache()
     assert np.abs(lms[2].forward(ids[:20], c2) - lms[4].forward(ids[:20], c4)).max() < TOL
     assert np.abs(lms[2].forward(ids[20:], c2) - lms[4].forward(ids[20:], c4)).max() < TOL
+
+
+def test_int4_format4_equals_int4_format3(home, tiny_dirs, tmp_path):
+    """The int4 quantizer leaves the attention's products (their B is the KV cache, not a weight) alone, and
+    both formats quantize the same weights the same way: their logits agree as the fp32 graphs do."""
+    from edgespec.export import ExportOptions, export_pair
+
+    lms = {}
+    for f in (3, 4):
+        o = ExportOptions(precision="int4", graph_format=f)
+        d = export_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), tmp_path / f"q{f}", o, o)
+        lms[f] = OnnxLM(load_manifest(d).target, d)
+    g = onnx.load(str(lms[4].export_dir / lms[4].spec.path), load_external_data=False).graph
+    assert {"MatMulNBits", "FusedMatMul"} <= {n.op_type for n in g.node}
+    caches = {f: lm.new_cache() for f, lm in lms.items()}
+    for chunk in (IDS[:30], IDS[30:31], IDS[31:36]):
+        a, b = (lms[f].forward(chunk, caches[f]) for f in (3, 4))
+        assert np.abs(a - b).max() < 1e-3 and (a.argmax(-1) == b.argmax(-1)).all()
