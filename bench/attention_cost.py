@@ -104,8 +104,8 @@ def run_gqa(s, heads, kv, hd, npdt, bias, past, new, cos, sin, rng) -> float:
 
 
 def run_grouped(s, heads, kv, hd, past, new, rng) -> float:
-    from edgespec.grouped_kv import widen_mask
-    from edgespec.onnx_model import causal_mask
+    from edgespec.io.grouped_kv import widen_mask
+    from edgespec.io.onnx_model import causal_mask
 
     block = rng.random((2, kv, CAPACITY, hd), dtype=np.float32)
     w = -(-past // WINDOW) * WINDOW

@@ -7,9 +7,9 @@ import sys
 
 import numpy as np
 
-from edgespec import paths
-from edgespec.decoder import SpecDecoder
-from edgespec.prompts import builtin
+from edgespec.io import paths
+from edgespec.engine.decoder import SpecDecoder
+from edgespec.bench.prompts import builtin
 
 
 def top1(logits: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from edgespec import SpecDecoder  # noqa: E402
-from edgespec.prompts import builtin  # noqa: E402
+from edgespec.bench.prompts import builtin  # noqa: E402
 
 RULES = ("standard", "gumbel")
 

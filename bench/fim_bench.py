@@ -29,7 +29,6 @@ writes ``<out>.json`` and prints the markdown table for docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -41,9 +40,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fim_tasks import Task, score, stdlib_tasks  # noqa: E402
+from bench_cli import finish  # noqa: E402
 from llama_server import LlamaServer, PeerError, PeerMode, _post  # noqa: E402
 
-from edgespec import paths  # noqa: E402
+from edgespec.io import paths  # noqa: E402
 from edgespec.errors import EdgespecError  # noqa: E402
 
 EDGESPEC, LLAMA = "edgespec", "llama.cpp"
@@ -56,14 +56,14 @@ class EdgespecRunner:
     runtime = EDGESPEC
 
     def __init__(self, dec, mode_name: str):
-        from edgespec.bench import Mode
+        from edgespec.bench.runner import Mode
 
         self.dec, self.mode, self.mode_name = dec, Mode.parse(mode_name), mode_name
         self.policy = self.mode.controller(dec) if self.mode.k is None and self.mode.proposers else None
 
     def run(self, task: Task, ids: list[int], n: int) -> dict:
-        from edgespec.stats import GenerationStats
-        from edgespec.text import IncrementalDetokenizer
+        from edgespec.core.stats import GenerationStats
+        from edgespec.io.text import IncrementalDetokenizer
 
         d = self.dec
         d.reset()
@@ -211,10 +211,10 @@ def run(args) -> dict:
     from peers import _cpu, find_ggufs
     from peers_build import SDIST_REQ, binaries, cache_dir
 
-    from edgespec.calibrate import calibrate
-    from edgespec.decoder import SpecDecoder
-    from edgespec.fim import FimPrompt, build_ids, fim_tokens
-    from edgespec.progress import progress_bar
+    from edgespec.control.calibrate import calibrate
+    from edgespec.engine.decoder import SpecDecoder
+    from edgespec.apps.fim import FimPrompt, build_ids, fim_tokens
+    from edgespec.bench.progress import progress_bar
 
     modes = args.modes.split(",")
     peer_specs = [(PeerMode.parse(m.split("@")[0]), m.endswith("@ids")) for m in args.peer_modes.split(",") if m]
@@ -307,20 +307,7 @@ def main(argv=None) -> int:
     ap.add_argument("--draft-gguf", type=Path, help="draft GGUF for llama.cpp (default: the export's source)")
     ap.add_argument("--llama-build", type=Path, help="llama.cpp cmake build dir (default: <cache>/peers/build)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/fim-stdlib"), help="writes OUT.json")
-    args = ap.parse_args(argv)
-    try:
-        result = run(args)
-    except (EdgespecError, PeerError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(args.out.name + ".json.tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(args.out.with_name(args.out.name + ".json"))
-    print(table(result))
-    print(json.dumps(result["headline"], indent=1))
-    return 0
-
+    return finish(ap.parse_args(argv), run, table)
 
 if __name__ == "__main__":
     sys.exit(main())

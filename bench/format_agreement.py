@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
-from edgespec import onnx_model as om
-from edgespec.manifest import load_manifest
+from edgespec.io import onnx_model as om
+from edgespec.io.manifest import load_manifest
 
 
 def main() -> None:

@@ -58,7 +58,7 @@ def bench_llguidance(tok, width, eos, ids):
 def bench_outlines(tok, width, eos, ids):
     import outlines_core as oc
 
-    from edgespec.openai_fields import token_piece
+    from edgespec.apps.openai_fields import token_piece
 
     t0 = time.perf_counter()
     vocab: dict[bytes, list[int]] = {}
@@ -94,9 +94,9 @@ LIBRARIES = {"llguidance": bench_llguidance, "outlines-core": bench_outlines, "x
 
 
 def run(export: Path, repeats: int) -> dict:
-    from edgespec.integrity import tokenizer_width
-    from edgespec.manifest import load_manifest
-    from edgespec.text import load_tokenizer
+    from edgespec.io.integrity import tokenizer_width
+    from edgespec.io.manifest import load_manifest
+    from edgespec.io.text import load_tokenizer
 
     m = load_manifest(export)
     tok = load_tokenizer(export / m.tokenizer)
@@ -121,7 +121,7 @@ def run(export: Path, repeats: int) -> dict:
 
 
 def main(argv=None) -> int:
-    from edgespec import paths
+    from edgespec.io import paths
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("export", nargs="?", help="export directory (default: the default pair in the user cache)")

@@ -1,5 +1,5 @@
 """A/B of the format-3 KV buffers' memory (issue 17): a one-row target step after a long past with the buffers
-from ``numpy.zeros`` (before session 5: numpy advises huge pages) and from ``edgespec.pages.anonymous_zeros``
+from ``numpy.zeros`` (before session 5: numpy advises huge pages) and from ``edgespec.io.pages.anonymous_zeros``
 (now: 4 KB pages, resident as rows are written), alternating in one process, 8 rounds of 8 steps each.
 
     python bench/kv_pages_ab.py EXPORT_DIR [PAST_TOKENS, default 3000]
@@ -8,8 +8,8 @@ Prints the median ms per step of each and their ratio.
 """
 import sys, time
 import numpy as np
-import edgespec.onnx_model as om
-from edgespec.manifest import load_manifest
+import edgespec.io.onnx_model as om
+from edgespec.io.manifest import load_manifest
 exp = sys.argv[1]; past = int(sys.argv[2]) if len(sys.argv) > 2 else 3000
 m = load_manifest(exp)
 om.use_shared_thread_pool()

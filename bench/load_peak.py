@@ -4,7 +4,7 @@ it, in MB (MiB); and, once, the RSS of the tokenizer before and after ``pages.tr
 
     python bench/load_peak.py [EXPORT_DIR] [--role target] [--settings edgespec,ort-defaults] [--repeats 2]
 
-A setting is an :meth:`edgespec.onnx_model.SessionMemory.named` name (``ort-defaults``: no page release;
+A setting is an :meth:`edgespec.io.onnx_model.SessionMemory.named` name (``ort-defaults``: no page release;
 ``edgespec``: today's defaults, pages released while and after loading). The processes alternate between the
 settings, so a setting that evicts the page cache (``MADV_PAGEOUT``) makes the next process read from disk.
 """
@@ -16,7 +16,7 @@ import json
 import subprocess
 import sys
 
-from edgespec import paths
+from edgespec.io import paths
 
 CHILD = r"""
 import json, sys, time
@@ -24,12 +24,12 @@ def status():
     d = {l.split(":")[0]: int(l.split()[1]) / 1024 for l in open("/proc/self/status")
          if l.startswith(("VmRSS", "VmHWM"))}
     return d["VmRSS"], d["VmHWM"]
-import edgespec.onnx_model as om
-from edgespec.manifest import load_manifest
+import edgespec.io.onnx_model as om
+from edgespec.io.manifest import load_manifest
 export, role, setting = sys.argv[1:4]
 if setting == "tokenizer":
-    from edgespec.pages import trim_heap
-    from edgespec.text import load_tokenizer
+    from edgespec.io.pages import trim_heap
+    from edgespec.io.text import load_tokenizer
     m, before = load_manifest(export), status()[0]
     tok = load_tokenizer(__import__("pathlib").Path(export) / m.tokenizer)
     loaded = status()[0]

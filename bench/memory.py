@@ -1,7 +1,7 @@
 """Peak RSS of ``edgespec chat`` and ``edgespec generate --mode plain`` under several session memory settings.
 
 Every (setting, command) runs in a fresh process, one after the other, in one invocation, so the figures are
-side by side. A setting is a :class:`edgespec.onnx_model.SessionMemory` (``ort-defaults``: onnxruntime's own
+side by side. A setting is a :class:`edgespec.io.onnx_model.SessionMemory` (``ort-defaults``: onnxruntime's own
 defaults and no page release, edgespec's settings before issue 17; ``edgespec``: today's default). The chat is a scripted
 conversation of ``--turns`` user turns with ``--max-new-tokens`` each (greedy, so every setting does the same
 work); the target's KV cache reaches about 1,000 positions with the defaults. For each run: RSS after loading,
@@ -32,9 +32,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from edgespec import paths
-from edgespec.manifest import load_manifest
-from edgespec.onnx_model import SessionMemory
+from edgespec.io import paths
+from edgespec.io.manifest import load_manifest
+from edgespec.io.onnx_model import SessionMemory
 
 TURNS = [
     "Write a Python function that parses a CSV file into a list of dictionaries.",
@@ -52,7 +52,7 @@ TURNS = [
 # The child: apply the setting, record (target cache length, RSS MB) after every target run, run the CLI.
 CHILD = r"""
 import json, sys
-import edgespec.onnx_model as om
+import edgespec.io.onnx_model as om
 om.DEFAULT_MEMORY = om.SessionMemory(**json.loads(sys.argv[1]))
 log = open(sys.argv[2], "w")
 forward = om.OnnxLM.forward
@@ -76,8 +76,8 @@ sys.exit(code)
 # also runs on random-weight exports); same trace format as CHILD.
 SOAK = r"""
 import json, sys
-import edgespec.onnx_model as om
-from edgespec.manifest import load_manifest
+import edgespec.io.onnx_model as om
+from edgespec.io.manifest import load_manifest
 om.DEFAULT_MEMORY = om.SessionMemory(**json.loads(sys.argv[1]))
 export, steps = sys.argv[3], int(sys.argv[4])
 page_mb = __import__("os").sysconf("SC_PAGE_SIZE") / 2**20
@@ -103,10 +103,10 @@ print(json.dumps({"stats": {"tokens_per_s": steps / (__import__("time").perf_cou
 BREAKDOWN = r"""
 import json, sys
 from pathlib import Path
-import edgespec.onnx_model as om
-from edgespec.manifest import load_manifest
-from edgespec.pages import mapped_rss
-from edgespec.decoder import PREFILL_CHUNK
+import edgespec.io.onnx_model as om
+from edgespec.io.manifest import load_manifest
+from edgespec.io.pages import mapped_rss
+from edgespec.engine.decoder import PREFILL_CHUNK
 om.DEFAULT_MEMORY = om.SessionMemory(**json.loads(sys.argv[1]))
 export = Path(sys.argv[2])
 m = load_manifest(export)
@@ -220,7 +220,7 @@ def main() -> int:
                 if cmd == "breakdown":
                     for name, mem in dir_settings.items():
                         if isinstance(mem, Path):
-                            continue  # another checkout may not have edgespec.pages
+                            continue  # another checkout may not have edgespec.io.pages
                         stages = run_breakdown(mem, d)
                         result["runs"].append({"export": d, "graph_format": fmt, "command": cmd, "setting": name,
                                                "stages": stages})

@@ -15,7 +15,7 @@ import collections
 import os
 import sys
 
-import edgespec.onnx_model as om
+import edgespec.io.onnx_model as om
 
 _PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20
 

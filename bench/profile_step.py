@@ -21,7 +21,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edgespec import onnx_model as om
-from edgespec.manifest import load_manifest
+from edgespec.io.manifest import load_manifest
 
 STEPS, SKIP = 12, 2  # timed steps after each past; the first SKIP are warm-up
 

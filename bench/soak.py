@@ -2,7 +2,7 @@
 
 Drives a real ``edgespec chat`` process over pipes (one user line per turn; a turn ends with its statistics
 line on stderr), reads its RSS (``/proc/<pid>/status``, Linux) after chosen turns, and replays the same
-conversation in-process with :class:`edgespec.chat.Conversation` (the same context fitting, oldest turns
+conversation in-process with :class:`edgespec.apps.chat.Conversation` (the same context fitting, oldest turns
 dropped when full) to check that (1) the chat printed exactly the replies of that replay and (2) at the
 chosen turns, a fresh decoder (caches emptied) given the same messages gives the same greedy reply, so KV
 reuse over hundreds of turns changes nothing.
@@ -76,8 +76,8 @@ def run_chat(export_dir: Path, turns: int, max_new_tokens: int, k: int, at: set[
 def replay(export_dir: Path, turns: int, max_new_tokens: int, k: int, check: set[int]) -> tuple[list[str], dict]:
     """The same conversation in-process (KV reuse as in the chat); at the turns in ``check`` also a fresh
     decoder on the same messages. Returns (replies, {turn: fresh reply == reused reply})."""
-    from edgespec.chat import Conversation
-    from edgespec.decoder import SpecDecoder
+    from edgespec.apps.chat import Conversation
+    from edgespec.engine.decoder import SpecDecoder
 
     dec, fresh = SpecDecoder.load(export_dir), SpecDecoder.load(export_dir)
     conv = Conversation(dec, None, max_new_tokens)
@@ -113,7 +113,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--k", type=int, default=4)
     a = ap.parse_args()
-    from edgespec import paths
+    from edgespec.io import paths
 
     d = Path(a.dir) if a.dir else paths.default_export_dir()
     print(json.dumps(soak(d, a.turns, a.max_new_tokens, a.k, at=(1, 10, 25, 50, 75, 100, 200))))

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 
-from edgespec import paths
-from edgespec.adaptive import AdaptiveK
-from edgespec.bench import Mode, run_one
-from edgespec.calibrate import calibrate
-from edgespec.decoder import SpecDecoder
-from edgespec.prompts import builtin
+from edgespec.io import paths
+from edgespec.control.adaptive import AdaptiveK
+from edgespec.bench.runner import Mode, run_one
+from edgespec.control.calibrate import calibrate
+from edgespec.engine.decoder import SpecDecoder
+from edgespec.bench.prompts import builtin
 
 
 def main() -> None:

@@ -19,10 +19,15 @@ for _var in ("ORT_DISABLE_TELEMETRY", "ORT_TELEMETRY_DISABLED"):
 
 __version__ = "0.1.0"
 
-_PUBLIC = {"AdaptiveK": "adaptive", "SpecDecoder": "decoder", "EdgespecError": "errors", "Generation": "generation",
-           "GenerationOptions": "generation", "KPolicy": "kpolicy", "RoundPlan": "kpolicy", "RoundResult": "kpolicy",
-           "Proposal": "proposers", "Proposer": "proposers", "register": "proposers", "GenerationStats": "stats",
-           "Processing": "processors", "Constraint": "constrain"}
+from . import _moved  # noqa: E402  (the flat layout's module paths, e.g. edgespec.decoder, as aliases)
+
+_moved.install()
+
+_PUBLIC = {"AdaptiveK": "control.adaptive", "SpecDecoder": "engine.decoder", "EdgespecError": "errors",
+           "Generation": "engine.generation", "GenerationOptions": "engine.generation", "KPolicy": "control.kpolicy",
+           "RoundPlan": "core.round", "RoundResult": "core.round", "Proposal": "core.round",
+           "Proposer": "draft.base", "register": "draft.base", "GenerationStats": "core.stats",
+           "Processing": "core.processors", "Constraint": "core.constrain"}
 __all__ = sorted(_PUBLIC) + ["__version__"]
 
 

@@ -10,7 +10,7 @@ G = heads / kv_heads query heads' rows are one (G·T, D) matrix Q_h, and
 
 so the past is never concatenated with the new rows (only the small score block is). ``K_past_h``/``V_past_h``
 are graph inputs ``past_key_values.{i}.key|value.{h}`` float32 (W, D): the first W rows of the runtime's
-per-KV-head buffer, bound by pointer through IO binding (no copy; :mod:`edgespec.grouped_kv`). W ≥ P may
+per-KV-head buffer, bound by pointer through IO binding (no copy; :mod:`edgespec.io.grouped_kv`). W ≥ P may
 exceed the past length P (the runtime rounds it up, so it rebinds rarely); the columns P..W-1 are False in
 ``attention_mask`` bool (1, 1, T, W+T), which also carries the causal or tree mask of the new rows. The new
 rows' K (after rotary) and V of every layer leave the graph as one output ``present`` float32

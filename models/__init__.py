@@ -1,7 +1,7 @@
 """Pair recipes: one JSON file per draft/target pair (imported as ``edgespec.models``).
 
 A recipe names where each model's weights come from and how to export them. Exports never go here: they are
-written to the user cache (see :mod:`edgespec.paths`).
+written to the user cache (see :mod:`edgespec.io.paths`).
 """
 
 from __future__ import annotations

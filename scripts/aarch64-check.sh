@@ -12,7 +12,7 @@
 # 5. runs `edgespec generate --json` (plain and spec) and a short scripted `edgespec chat` on both sides and
 #    prints one verdict line: the aarch64 plain greedy ids equal the x86 ones, or first diverge where both
 #    machines' logits rows show a kernel flip of the same two candidates; aarch64's speculative greedy passes
-#    the verify-path rule there (edgespec/evaluate.py). Exit code 0 on PASS, 1 on FAIL, 2 on bad usage.
+#    the verify-path rule there (edgespec/bench/evaluate.py). Exit code 0 on PASS, 1 on FAIL, 2 on bad usage.
 #
 # The host's /sys is NOT bound into the root: onnxruntime's CPU detection crashes on it under emulation.
 # Needs root (debootstrap, chroot, mounts). Emulation is ~100x slower than native: a check, not a benchmark.
@@ -131,7 +131,7 @@ done
 for side in x86 aarch64; do
   echo "  $side plain ids: $("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['token_ids'])" "$RES/$side-plain.json")"
 done
-# the lossless rule (edgespec/evaluate.py): aarch64's spec run against its own verify calls, replayed there;
+# the lossless rule (edgespec/bench/evaluate.py): aarch64's spec run against its own verify calls, replayed there;
 # a plain divergence across the machines judged by both machines' rows at that token
 step "aarch64: speculative vs plain greedy under the verify-path rule (K = 4)"
 arm python "$W/src/scripts/aarch64_ref.py" greedy "$W/export" "$PROMPT" "$TOKENS" 4 "$W/greedy.json"

@@ -13,7 +13,7 @@
         Reads RESULTS_DIR/{x86,aarch64}-plain.json (``edgespec generate --json`` output), aarch64-row.npy
         (aarch64's row at the first divergence, if any), aarch64-greedy.json and {x86,aarch64}-chat.txt.
         Plain ids across the machines: equal, or a divergence that both machines' rows explain as a kernel
-        flip (:func:`edgespec.evaluate.compare_rows`: each row's argmax is its own token, the same two
+        flip (:func:`edgespec.bench.evaluate.compare_rows`: each row's argmax is its own token, the same two
         candidates on top); aarch64's speculative run: the verify-path rule on aarch64 itself. Prints one
         verdict line; exit code 0 when every comparison passes, 1 otherwise.
 """
@@ -51,11 +51,11 @@ def _prompt_ids(dec, prompt: str) -> list[int]:
 
 def row(export_dir: Path, prompt: str, ids_json: Path, n: int, out: Path) -> None:
     """Dump this machine's plain-path logits row after the prompt + the first ``n`` ids of ``ids_json``'s
-    ``token_ids`` (float32 .npy), for :func:`edgespec.evaluate.compare_rows` on the other side."""
+    ``token_ids`` (float32 .npy), for :func:`edgespec.bench.evaluate.compare_rows` on the other side."""
     import numpy as np
 
-    from edgespec.decoder import SpecDecoder
-    from edgespec.evaluate import plain_row
+    from edgespec.engine.decoder import SpecDecoder
+    from edgespec.bench.evaluate import plain_row
 
     dec = SpecDecoder.load(export_dir, load_draft=False)
     ids = json.loads(ids_json.read_text())["token_ids"][:n]
@@ -64,9 +64,9 @@ def row(export_dir: Path, prompt: str, ids_json: Path, n: int, out: Path) -> Non
 
 def greedy(export_dir: Path, prompt: str, tokens: int, k: int, out: Path) -> None:
     """This machine's speculative greedy vs its own plain greedy under the verify-path rule
-    (:func:`edgespec.evaluate.greedy_check`), as JSON."""
-    from edgespec.decoder import SpecDecoder
-    from edgespec.evaluate import greedy_check
+    (:func:`edgespec.bench.evaluate.greedy_check`), as JSON."""
+    from edgespec.engine.decoder import SpecDecoder
+    from edgespec.bench.evaluate import greedy_check
 
     dec = SpecDecoder.load(export_dir)
     r = greedy_check(dec, _prompt_ids(dec, prompt), tokens, k=k)
@@ -87,8 +87,8 @@ def divergence(results: Path) -> str:
 def verdict(export_dir: Path, prompt: str, results: Path, label: str) -> int:
     import numpy as np
 
-    from edgespec.decoder import SpecDecoder
-    from edgespec.evaluate import NEAR_TIE_LOGIT_GAP, compare_greedy
+    from edgespec.engine.decoder import SpecDecoder
+    from edgespec.bench.evaluate import NEAR_TIE_LOGIT_GAP, compare_greedy
 
     dec = SpecDecoder.load(export_dir, load_draft=False)
     ids = _prompt_ids(dec, prompt)

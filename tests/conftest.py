@@ -153,11 +153,11 @@ def self_export_each_format(request, home, tiny_dirs, tmp_path_factory):
 @pytest.fixture(scope="session")
 def real_export():
     """The default pair in the user's cache (exported there once, then reused by every later run)."""
-    from edgespec import paths
+    from edgespec.io import paths
     from edgespec.export import export_pair
 
     from edgespec.export.pipeline import DEFAULT_GRAPH_FORMAT
-    from edgespec.manifest import load_manifest
+    from edgespec.io.manifest import load_manifest
 
     with user_home():
         d = paths.default_export_dir()

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgespec.decoder import SpecDecoder
-from edgespec.evaluate import compare_greedy, plain_row
+from edgespec.engine.decoder import SpecDecoder
+from edgespec.bench.evaluate import compare_greedy, plain_row
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "aarch64-check.sh"
 

@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
-from edgespec.adaptive import AdaptiveK, CostModel, expected_tokens
-from edgespec.decoder import SpecDecoder
-from edgespec.kpolicy import Offer, RoundPlan, RoundResult, Situation
-from edgespec.lookup import ngram_lookup
-from edgespec.proposers import PROPOSERS
-from edgespec.sampling import SamplingParams, accept_reject, probs, sample
+from edgespec.control.adaptive import AdaptiveK, CostModel, expected_tokens
+from edgespec.engine.decoder import SpecDecoder
+from edgespec.core.round import Offer, RoundPlan, RoundResult, Situation
+from edgespec.draft.lookup import ngram_lookup
+from edgespec.draft import PROPOSERS
+from edgespec.core.sampling import SamplingParams, accept_reject, probs, sample
 
 LINEAR = [100.0 + 10.0 * (n - 1) for n in range(1, 9)]  # t_v(N) = 100 ms + 10 ms per extra row
 P = {name: cls() for name, cls in PROPOSERS.items()}  # "draft", "tree", "lookup"
@@ -216,17 +216,25 @@ def test_draft_catch_up_is_amortized_over_the_expected_answer_length():
     """A stretch the draft has not seen costs a catch-up; it pays only over enough expected remaining tokens."""
     pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=5.0, draft_prefill_ms=2.0), alpha0=0.75)
     assert _choose(pol, lag=1, horizon=200)[1] > 0  # nothing to catch up
-    assert _choose(pol, lag=400, horizon=10_000) == ("draft", 0)  # no history: expect as many tokens as so far
+    # no history: half of what the request still allows (20 tokens: 10, too few for 400 tokens of catch-up)
+    assert _choose(pol, lag=400, horizon=20) == ("draft", 0)
+    assert _choose(pol, lag=400, horizon=10_000)[1] > 0  # a long request: the catch-up pays over 5,000 tokens
+    pol.end(12)
+    pol.begin()
+    assert _choose(pol, lag=400, horizon=10_000) == ("draft", 0)  # the last answer ran 12 tokens
     pol.end(5000)
     pol.begin()
     assert _choose(pol, lag=400, horizon=8) == ("draft", 0)  # only 8 tokens may follow
     assert _choose(pol, lag=400, horizon=10_000)[1] > 0  # the last answer ran 5000 tokens
 
 
-def test_without_history_the_draft_starts_once_the_answer_has_run_long_enough():
-    """Rent or buy: with no earlier answers, the catch-up (40+ tokens × 20 ms) is paid once the tokens already
-    generated would have paid for it (here after about 19), so short answers never pay it."""
+def test_an_answer_longer_than_every_earlier_one_pays_the_catch_up_once_it_ran_long_enough():
+    """Rent or buy: once an answer has outlived every earlier one (here one of 3 tokens), the catch-up (40+ tokens
+    × 20 ms) is paid once the tokens already generated would have paid for it (here after about 19), so short
+    answers never pay it."""
     pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=5.0, draft_prefill_ms=20.0), alpha0=0.9)
+    pol.end(3)
+    pol.begin()
     starts = None
     for n in range(60):
         src, k = _choose(pol, lag=40 + n, horizon=1000)
@@ -277,7 +285,7 @@ def test_lookup_mode_never_runs_the_draft_even_if_the_policy_asks(dec):
 def test_lookup_acceptance_is_tracked_per_match_length():
     """Long n-gram matches are accepted in full, short ones rejected: the controller takes lookup for a 4-gram
     match, and longer than a draft chain (up to ``free_k_max``), but not for a 2-gram match."""
-    from edgespec.lookup import ngram_match
+    from edgespec.draft.lookup import ngram_match
 
     pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=30.0), alpha0=0.6, lookup_alpha0=0.6)
     lookup = P["lookup"]
@@ -304,8 +312,9 @@ def test_the_controller_is_pure_decision_logic_without_onnxruntime():
     import sys
 
     code = ("import sys; sys.modules['onnxruntime'] = None; "
-            "from edgespec.adaptive import AdaptiveK, CostModel; from edgespec.kpolicy import Offer, Situation; "
-            "from edgespec.proposers import DraftChain; "
+            "from edgespec.control.adaptive import AdaptiveK, CostModel; "
+            "from edgespec.core.round import Offer, Situation; "
+            "from edgespec.draft import DraftChain; "
             "pol = AdaptiveK(CostModel([100.0 + 10 * n for n in range(8)], draft_ms=5.0), alpha0=0.9); "
             "print(pol.choose(Situation((Offer(DraftChain(), 99),))).name)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -314,7 +323,7 @@ def test_the_controller_is_pure_decision_logic_without_onnxruntime():
 
 def test_calibration_outlier_takes_the_line_value():
     """One t_v(N) hit by a burst of other load is replaced by the Theil–Sen line; a clean curve is kept."""
-    from edgespec.calibrate import smooth_verify
+    from edgespec.control.calibrate import smooth_verify
 
     clean = [65.7, 73.5, 91.5, 108.1, 122.6, 140.0, 164.8]
     assert smooth_verify(clean) == clean

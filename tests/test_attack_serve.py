@@ -11,9 +11,9 @@ import json
 
 import pytest
 
-from edgespec.fim_api import parse_infill, parse_ollama_generate
-from edgespec.openai_api import RequestError, parse_chat, parse_completion
-from edgespec.tools import parse_call
+from edgespec.apps.fim_api import parse_infill, parse_ollama_generate
+from edgespec.apps.openai_api import RequestError, parse_chat, parse_completion
+from edgespec.apps.tools import parse_call
 
 M = [{"role": "user", "content": "hi"}]
 TOOL = [{"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}]
@@ -186,7 +186,7 @@ def test_a_completion_prompt_over_the_context_names_prompt():
     """/v1/completions (a suffix over the context included) has no ``messages``: the 400 names ``prompt``."""
     from types import SimpleNamespace
 
-    from edgespec.serve import _job_for
+    from edgespec.apps.serve import _job_for
 
     engine = SimpleNamespace(decoder=SimpleNamespace(context_length=8), default_max_tokens=4, gen_kwargs={})
     for req, param in ((parse_completion({"prompt": "x"}, 512), "prompt"), (parse_chat({"messages": M}), "messages")):

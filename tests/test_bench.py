@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from edgespec.bench import Mode, summarize
+from edgespec.bench.runner import Mode, summarize
 
 RUN_FIELDS = {"class", "mode", "prompt", "prompt_tokens", "new_tokens", "ttft_ms", "wall_ms", "e2e_tok_s",
               "decode_tok_s", "itl_p50_ms", "itl_p95_ms", "alpha", "mean_accepted_length", "accepted_per_position",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from edgespec import paths
+from edgespec.io import paths
 from faults import manifest, one_line_error, run, tree_snapshot
 
 DEAD_PID = 2 ** 22 + 12345  # above Linux's pid_max default: never a live process

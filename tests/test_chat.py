@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from edgespec.chat_input import PlainInput, clean_text, read_turn
-from edgespec.decoder import SpecDecoder
+from edgespec.apps.chat_input import PlainInput, clean_text, read_turn
+from edgespec.engine.decoder import SpecDecoder
 
 STATS = re.compile(r"\[\d+ tokens, ")
 PROMPT = "\x1b[?2004h"  # prompt_toolkit turns bracketed paste on as each prompt starts
@@ -166,7 +166,7 @@ def test_read_turn_blocks_and_clean_text():
 
 
 def test_dropping_turns_keeps_the_system_prompt_and_the_kv_cache_serves_again(api, capsys):
-    from edgespec.chat import Conversation
+    from edgespec.apps.chat import Conversation
 
     api.reset()
     conv = Conversation(api, "You are a fox.", max_new_tokens=40)

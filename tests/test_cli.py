@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from edgespec.decoder import SpecDecoder
+from edgespec.engine.decoder import SpecDecoder
 
 
 def run(args, home, stdin=None):
@@ -182,7 +182,8 @@ def test_closed_stdout_after_one_byte(tiny_export, home):
 
 
 def test_runtime_imports_without_torch_transformers_or_optimum():
-    code = ("import sys, edgespec, edgespec.cli, edgespec.decoder, edgespec.adaptive, edgespec.evaluate; "
+    code = ("import sys, edgespec, edgespec.cli, edgespec.engine.decoder, edgespec.control.adaptive, "
+            "edgespec.bench.evaluate; "
             "print(sorted(m for m in ('torch', 'transformers', 'optimum', 'onnx') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.stdout.strip() == "[]", r.stdout + r.stderr
@@ -205,7 +206,7 @@ def test_folder_names_are_the_last_part_of_the_import_names():
 
 def test_default_mode_is_prompt_lookup_then_the_draft():
     """chat, generate and serve default to adaptive K with prompt lookup first (`--no-lookup`: the draft alone)."""
-    from edgespec.cli import _proposers, build_parser
+    from edgespec.apps.cli import _proposers, build_parser
 
     parse = build_parser().parse_args
     assert _proposers(parse(["generate"])) == ("lookup", "draft")

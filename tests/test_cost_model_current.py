@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from edgespec.adaptive import AdaptiveK
-from edgespec.calibrate import CostModel, calibrate, calibration_path
-from edgespec.kpolicy import Offer, RoundResult, Situation
-from edgespec.proposers import DraftChain
+from edgespec.control.adaptive import AdaptiveK
+from edgespec.control.calibrate import CostModel, calibrate, calibration_path
+from edgespec.core.round import Offer, RoundResult, Situation
+from edgespec.draft import DraftChain
 
 TRUE_VERIFY = [79.0, 91.0, 105.0, 115.0, 129.0, 139.0, 154.0]  # t_v(1..7) ms of an idle machine (issue 12)
 TRUE_DRAFT = 27.0
@@ -55,7 +55,7 @@ def test_a_stale_calibration_reaches_the_fresh_k_choices_within_a_few_rounds(tar
 def test_a_stale_cached_calibration_is_re_measured_at_load(tiny_export, home):
     """A cached cost model 1000× too slow (or too fast) fails the one-plain-step check at load: re-measured and
     rewritten; the bad cache never reaches the controller."""
-    from edgespec.decoder import SpecDecoder
+    from edgespec.engine.decoder import SpecDecoder
 
     dec = SpecDecoder.load(tiny_export)
     fresh = calibrate(dec, k_max=3, reps=1)

@@ -1,4 +1,4 @@
-"""Drafter-invariant seeded sampling (the Gumbel / exponential-race coupling of :mod:`edgespec.coupling`).
+"""Drafter-invariant seeded sampling (the Gumbel / exponential-race coupling of :mod:`edgespec.core.coupling`).
 
 (a) the generator against a plain-Python transcription of its formula, and its distribution; (d) the race choice
 is an exact sample of p, the draft's choice agrees with it at least as the paper's bound says; (c) the same seeded
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from edgespec import SpecDecoder
-from edgespec.coupling import GumbelCoupling, exponentials, hash32, position_key
-from edgespec.evaluate import first_token_check
-from edgespec.generation import GenerationOptions
-from edgespec.sampling import SamplingParams
+from edgespec.core.coupling import GumbelCoupling, exponentials, hash32, position_key
+from edgespec.bench.evaluate import first_token_check
+from edgespec.engine.generation import GenerationOptions
+from edgespec.core.sampling import SamplingParams
 
 M = 0xFFFFFFFF
 

@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 
-from edgespec.decoder import SpecDecoder
-from edgespec.generation import GenerationOptions
-from edgespec.kpolicy import KPolicy, KSchedule, RoundPlan
-from edgespec.text import IncrementalDetokenizer
+from edgespec.engine.decoder import SpecDecoder
+from edgespec.engine.generation import GenerationOptions
+from edgespec.control.kpolicy import KPolicy, KSchedule
+from edgespec.core.round import RoundPlan
+from edgespec.io.text import IncrementalDetokenizer
 
 
 @pytest.fixture(scope="module")
@@ -162,15 +163,15 @@ def test_top_k_top_p_sampling_runs_speculatively(dec):
 
 def test_first_token_of_a_round_follows_p(dec):
     """Tier (d) on the tiny pair: the emitted token's histogram is within sampling noise of p."""
-    from edgespec.evaluate import first_token_check
-    from edgespec.sampling import SamplingParams
+    from edgespec.bench.evaluate import first_token_check
+    from edgespec.core.sampling import SamplingParams
 
     r = first_token_check(dec, dec.encode("def add(a, b):"), SamplingParams(0.8, top_p=0.95), draws=2000, k=3)
     assert r["tv"] < 3 * r["tv_noise"] + 0.01
 
 
 def test_greedy_check_reports_identity(dec):
-    from edgespec.evaluate import greedy_check
+    from edgespec.bench.evaluate import greedy_check
 
     r = greedy_check(dec, dec.encode("class Node:\n"), 30, k=3)
     assert r["identical"] and r["first_divergence"] is None and r["plain_tokens"] == r["spec_tokens"]
@@ -244,7 +245,7 @@ def test_cached_prefix_is_reused_by_both_models_and_changes_nothing(dec, monkeyp
 
 
 def test_hold_plain_proposes_nothing_until_released_and_changes_nothing(dec, monkeypatch):
-    from edgespec.kpolicy import FixedK, HoldPlain
+    from edgespec.control.kpolicy import FixedK, HoldPlain
 
     ids = _ids(dec, "def add(a, b):")
     ref = _plain(dec, ids, 24).token_ids

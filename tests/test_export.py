@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 
 from edgespec.errors import EdgespecError
-from edgespec.manifest import load_manifest
+from edgespec.io.manifest import load_manifest
 
 
 def test_manifest_and_graph_contract(tiny_export):
@@ -33,7 +33,7 @@ def test_manifest_and_graph_contract(tiny_export):
 
 def test_logits_keep_runs_the_head_on_the_last_rows_only(tiny_export):
     """The optional ``logits_keep`` input: default every row; N gives the last N rows, equal to the full run's."""
-    from edgespec.onnx_model import OnnxLM
+    from edgespec.io.onnx_model import OnnxLM
 
     m = load_manifest(tiny_export)
     lm = OnnxLM(m.target, tiny_export)
@@ -56,7 +56,7 @@ def test_logits_keep_runs_the_head_on_the_last_rows_only(tiny_export):
 
 def test_tree_mask_is_honoured(tiny_export):
     """A per-query mask: two sibling candidates at the same position see the shared prefix, not each other."""
-    from edgespec.onnx_model import OnnxLM, causal_mask
+    from edgespec.io.onnx_model import OnnxLM, causal_mask
 
     m = load_manifest(tiny_export)
     lm = OnnxLM(m.target, tiny_export)
@@ -196,7 +196,7 @@ def test_bad_input_is_one_clear_error(home, tiny_dirs, tmp_path, case):
 
 def test_pruned_draft_vocabulary(home, tiny_dirs, tmp_path):
     """FR-Spec: the draft head keeps N ids; greedy and sampling stay exact through the id map."""
-    from edgespec.decoder import SpecDecoder
+    from edgespec.engine.decoder import SpecDecoder
     from edgespec.export import ExportOptions, export_pair
 
     out = export_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), tmp_path / "pruned",
@@ -219,8 +219,8 @@ def test_pruned_draft_vocabulary(home, tiny_dirs, tmp_path):
         g = dec.generate(input_ids=ids, max_new_tokens=50, k=3).run()
         assert g.token_ids == plain.token_ids
         assert g.stats.proposed > 0
-    from edgespec.evaluate import first_token_check
-    from edgespec.sampling import SamplingParams
+    from edgespec.bench.evaluate import first_token_check
+    from edgespec.core.sampling import SamplingParams
 
     r = first_token_check(dec, dec.encode("def add(a, b):"), SamplingParams(0.8, top_p=0.95), draws=2000, k=3)
     assert r["tv"] < 3 * r["tv_noise"] + 0.01

@@ -176,7 +176,7 @@ def test_default_graph_format_falls_back_to_2_where_format_3_cannot_go(odd_expor
     from edgespec.export.gqa_graph import format3_problem
     from transformers import AutoConfig
 
-    from edgespec.manifest import load_manifest
+    from edgespec.io.manifest import load_manifest
 
     m = load_manifest(odd_export)
     assert m.target.graph_format == 2 and m.draft.graph_format == 2

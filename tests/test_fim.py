@@ -14,11 +14,11 @@ import urllib.request
 
 import pytest
 
-from edgespec.decoder import SpecDecoder
-from edgespec.fim import FimPrompt, MiddleCutter, build_ids, fim_tokens
-from edgespec.fim_api import parse_infill, parse_ollama_generate
-from edgespec.openai_api import RequestError
-from edgespec.text import IncrementalDetokenizer, decode
+from edgespec.engine.decoder import SpecDecoder
+from edgespec.apps.fim import FimPrompt, MiddleCutter, build_ids, fim_tokens
+from edgespec.apps.fim_api import parse_infill, parse_ollama_generate
+from edgespec.apps.openai_api import RequestError
+from edgespec.io.text import IncrementalDetokenizer, decode
 
 PREFIX = "class Node:\n    def __init__(self, value):\n"
 SUFFIX = "\n\nfor i in range(10):\n    print(i)\n"
@@ -377,8 +377,8 @@ def test_complete_command_errors_are_one_line(tiny_export, tiny_fim_export, home
 
 
 def test_lookup_and_suffix_trees_see_the_suffix_and_the_other_files(fim_api):
-    from edgespec.lookup import ngram_lookup
-    from edgespec.suffix import SuffixTree
+    from edgespec.draft.lookup import ngram_lookup
+    from edgespec.draft.suffix import SuffixTree
 
     tok = fim_api.tokenizer
     t = fim_tokens(tok)

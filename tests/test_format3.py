@@ -8,8 +8,8 @@ import onnx
 import pytest
 
 from edgespec.errors import EdgespecError
-from edgespec.manifest import load_manifest
-from edgespec.onnx_model import KVCache, OnnxLM, SharedKVCache
+from edgespec.io.manifest import load_manifest
+from edgespec.io.onnx_model import KVCache, OnnxLM, SharedKVCache
 
 
 @pytest.fixture(scope="module")

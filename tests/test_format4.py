@@ -14,9 +14,9 @@ import onnx
 import pytest
 
 from edgespec.errors import EdgespecError
-from edgespec.grouped_kv import WINDOW, GroupedKVCache, widen_mask
-from edgespec.manifest import load_manifest
-from edgespec.onnx_model import OnnxLM, causal_mask
+from edgespec.io.grouped_kv import WINDOW, GroupedKVCache, widen_mask
+from edgespec.io.manifest import load_manifest
+from edgespec.io.onnx_model import OnnxLM, causal_mask
 
 TOL = 1e-4
 

@@ -12,9 +12,9 @@ import shutil
 import numpy as np
 import pytest
 
-from edgespec.decoder import SpecDecoder
+from edgespec.engine.decoder import SpecDecoder
 from edgespec.errors import EdgespecError
-from edgespec.text import ChatTemplate
+from edgespec.io.text import ChatTemplate
 from tinymodels import CHATML
 
 N_MANIFESTS = 240

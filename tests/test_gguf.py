@@ -166,7 +166,7 @@ def test_tokenizer_keeps_control_and_user_defined_tokens(gguf_export, gguf_file)
 
 
 def test_manifest(gguf_export, gguf_file):
-    from edgespec.manifest import load_manifest
+    from edgespec.io.manifest import load_manifest
 
     path, vocab = gguf_file
     m = load_manifest(gguf_export)
@@ -192,7 +192,7 @@ def test_onnx_logits_match_original_pytorch(gguf_export, hf_model):
     import torch
     from tokenizers import Tokenizer
 
-    from edgespec.manifest import load_manifest
+    from edgespec.io.manifest import load_manifest
     from edgespec.export.validate import run_onnx, session
 
     g = load_manifest(gguf_export).target
@@ -211,9 +211,9 @@ def test_greedy_matches_original_pytorch(gguf_export, hf_model):
     import torch
     from tokenizers import Tokenizer
 
-    from edgespec.decoder import SpecDecoder
-    from edgespec.integrity import tokenizer_width
-    from edgespec.manifest import load_manifest
+    from edgespec.engine.decoder import SpecDecoder
+    from edgespec.io.integrity import tokenizer_width
+    from edgespec.io.manifest import load_manifest
 
     stop = set(load_manifest(gguf_export).special_tokens.stop)
     ids = Tokenizer.from_file(str(gguf_export / "tokenizer.json")).encode("def add(a, b):",

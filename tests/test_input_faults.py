@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from edgespec.decoder import SpecDecoder
-from edgespec.sampling import SamplingParams, probs
+from edgespec.engine.decoder import SpecDecoder
+from edgespec.core.sampling import SamplingParams, probs
 from faults import copy_export, one_line_error, run
 
 GEN = ["--max-new-tokens", "6", "--k", "2"]
@@ -248,7 +248,7 @@ def test_sigint_at_any_moment_of_start_up(tiny_export, home):
 def test_tokenizer_width_ignores_gguf_padding_entries():
     """A GGUF-converted Qwen tokenizer pads its vocabulary with `[PAD<id>]` entries up to the head width:
     those are not tokens, and must never be sampled (they printed as `[PAD151935]`)."""
-    from edgespec.integrity import tokenizer_width
+    from edgespec.io.integrity import tokenizer_width
 
     class Tok:
         def __init__(self, vocab):

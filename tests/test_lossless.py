@@ -1,4 +1,4 @@
-"""The greedy lossless rule of :func:`edgespec.evaluate.greedy_check`: a divergence from plain greedy is judged
+"""The greedy lossless rule of :func:`edgespec.bench.evaluate.greedy_check`: a divergence from plain greedy is judged
 by the verify path's own numbers (a replay of the speculative run's verify calls on a clean cache).
 
 A real decoder bug (a stale KV row kept by the rollback, a verify call at the wrong positions) fails it; a
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from edgespec import Proposal, Proposer, SpecDecoder, register
-from edgespec.tree import TokenTree
-from edgespec.evaluate import compare_rows, greedy_check, kernel_noise
+from edgespec.core.token_tree import TokenTree
+from edgespec.bench.evaluate import compare_rows, greedy_check, kernel_noise
 
 PROMPT = "def fib(n):\n    if n < 2:\n"
 

@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
-import edgespec.onnx_model as om
-from edgespec.manifest import load_manifest
-from edgespec.pages import (MADV_PAGEOUT, ReleaseWhileLoading, anonymous_zeros, mapped_rss, release_file_pages,
+import edgespec.io.onnx_model as om
+from edgespec.io.manifest import load_manifest
+from edgespec.io.pages import (MADV_PAGEOUT, ReleaseWhileLoading, anonymous_zeros, mapped_rss, release_file_pages,
                              trim_heap)
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and madvise: Linux only")
@@ -85,7 +85,7 @@ def test_the_load_time_release_loses_nothing_at_a_reused_address(data_file, monk
     (MADV_PAGEOUT; MADV_DONTNEED would zero it)."""
     import ctypes
 
-    import edgespec.pages as pages
+    import edgespec.io.pages as pages
 
     f, _ = data_file
     if not _pageout_works(f):
@@ -241,7 +241,7 @@ def test_int4_format3_export_quantizes_the_embedding(int4_export, tiny_dirs, tmp
     with the fp32 table within 2% of their range, and the export validates (greedy agreement recorded)."""
     import onnx
 
-    from edgespec.onnx_model import OnnxLM
+    from edgespec.io.onnx_model import OnnxLM
     from export.quantize import quantize
 
     m = load_manifest(int4_export)
@@ -259,7 +259,7 @@ def test_int4_format3_export_quantizes_the_embedding(int4_export, tiny_dirs, tmp
     import onnxruntime as ort
     from transformers import AutoModelForCausalLM
 
-    from edgespec.onnx_model import session_options
+    from edgespec.io.onnx_model import session_options
     from export.gqa_graph import export_format3
 
     export_format3(AutoModelForCausalLM.from_pretrained(tiny_dirs["target"]).eval(), fp32_graph)
@@ -302,7 +302,7 @@ def test_old_format3_manifest_without_embedding_bits_loads(int4_export, tmp_path
     import json
     import shutil
 
-    from edgespec.onnx_model import OnnxLM
+    from edgespec.io.onnx_model import OnnxLM
 
     old = tmp_path / "old"
     shutil.copytree(int4_export, old)
@@ -353,7 +353,7 @@ def test_memory_bench_breakdown_stages(int4_export, tmp_path):
 def test_the_plain_text_tokenizer_is_built_only_for_control_token_text(tiny_export):
     """A second tokenizer costs ~100 MB for Qwen's vocabulary: the decoder builds it on the first message that
     holds control-token text, not at load."""
-    from edgespec.decoder import SpecDecoder
+    from edgespec.engine.decoder import SpecDecoder
 
     dec = SpecDecoder.load(tiny_export, load_draft=False)
     assert dec._plain_tokenizer is None

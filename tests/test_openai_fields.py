@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from edgespec.openai_api import RequestError, parse_chat, parse_completion
-from edgespec.openai_fields import CHAT_FIELDS, COMPLETION_FIELDS
-from edgespec.tools import ToolCallParser, parse_call
+from edgespec.apps.openai_api import RequestError, parse_chat, parse_completion
+from edgespec.apps.openai_fields import CHAT_FIELDS, COMPLETION_FIELDS
+from edgespec.apps.tools import ToolCallParser, parse_call
 
 MSGS = [{"role": "user", "content": "hi"}]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather now",

@@ -18,7 +18,7 @@ import peers_build  # noqa: E402
 from llama_server import LlamaServer, PeerError, PeerMode, parse_completion  # noqa: E402
 
 from edgespec.errors import EdgespecError  # noqa: E402
-from edgespec.prompts import Prompt  # noqa: E402
+from edgespec.bench.prompts import Prompt  # noqa: E402
 
 
 def _timings(**kw):
@@ -183,7 +183,7 @@ def test_greedy_agreement_of_llama_modes(tmp_path):
 
 
 def test_find_ggufs(tiny_export, home, tmp_path):
-    from edgespec.manifest import load_manifest
+    from edgespec.io.manifest import load_manifest
 
     m = load_manifest(tiny_export)
     with pytest.raises(EdgespecError, match="target GGUF not found"):
@@ -268,7 +268,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 def test_whole_run_on_the_tiny_pair_with_a_fake_server(tiny_export, home, tmp_path, capsys, monkeypatch):
     # in this process: no process-wide onnxruntime thread pool, which later tests' own sessions (Piper, the
     # speech recognizer) could not be created beside
-    monkeypatch.setattr("edgespec.decoder.use_shared_thread_pool", lambda threads=None: False)
+    monkeypatch.setattr("edgespec.engine.decoder.use_shared_thread_pool", lambda threads=None: False)
     build = tmp_path / "build"
     (build / "bin").mkdir(parents=True)
     _fake_binary(build / "bin", FAKE_SERVER)

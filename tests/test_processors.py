@@ -11,17 +11,17 @@ import json
 import numpy as np
 import pytest
 
-from edgespec.decoder import SpecDecoder
-from edgespec.kpolicy import RoundPlan
-from edgespec.processors import Pipeline, Processing, process_rows, token_logprobs
-from edgespec.proposers import DraftChain
-from edgespec.sampling import SamplingParams, probs
-from edgespec.tree import TokenTree
+from edgespec.engine.decoder import SpecDecoder
+from edgespec.core.round import RoundPlan
+from edgespec.core.processors import Pipeline, Processing, process_rows, token_logprobs
+from edgespec.draft import DraftChain
+from edgespec.core.sampling import SamplingParams, probs
+from edgespec.core.token_tree import TokenTree
 
 pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
-from edgespec.constrain import Constraint, Matcher  # noqa: E402
+from edgespec.core.constrain import Constraint, Matcher  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
                                            "ok": {"type": "boolean"},

@@ -10,11 +10,11 @@ import sys
 import onnxruntime as ort
 import pytest
 
-import edgespec.onnx_model as onnx_model
-from edgespec.decoder import SpecDecoder
+import edgespec.io.onnx_model as onnx_model
+from edgespec.engine.decoder import SpecDecoder
 from edgespec.errors import EdgespecError
-from edgespec.manifest import load_manifest
-from edgespec.onnx_model import OnnxLM, parse_provider_options, session_options
+from edgespec.io.manifest import load_manifest
+from edgespec.io.onnx_model import OnnxLM, parse_provider_options, session_options
 
 QNN_HERE = "QNNExecutionProvider" in ort.get_available_providers()
 

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from edgespec.decoder import SpecDecoder
-from edgespec.evaluate import NEAR_TIE_LOGIT_GAP, greedy_check
-from edgespec.manifest import load_manifest
-from edgespec.text import IncrementalDetokenizer
+from edgespec.engine.decoder import SpecDecoder
+from edgespec.bench.evaluate import NEAR_TIE_LOGIT_GAP, greedy_check
+from edgespec.io.manifest import load_manifest
+from edgespec.io.text import IncrementalDetokenizer
 
 pytestmark = pytest.mark.real
 
@@ -117,7 +117,7 @@ def test_real_swapped_graphs_are_named(real_export):
     import dataclasses
 
     from edgespec.errors import EdgespecError
-    from edgespec.onnx_model import OnnxLM
+    from edgespec.io.onnx_model import OnnxLM
 
     m = load_manifest(real_export)
     with pytest.raises(EdgespecError, match="target graph has 24 layers, the manifest says target.num_layers 28"):

@@ -8,15 +8,15 @@ import json
 import numpy as np
 import pytest
 
-from edgespec.decoder import SpecDecoder
-from edgespec.processors import Processing
+from edgespec.engine.decoder import SpecDecoder
+from edgespec.core.processors import Processing
 
 pytestmark = pytest.mark.real
 pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
-from edgespec.constrain import Constraint  # noqa: E402
-from edgespec.tools import ToolCallParser, template_renders_tools  # noqa: E402
+from edgespec.core.constrain import Constraint  # noqa: E402
+from edgespec.apps.tools import ToolCallParser, template_renders_tools  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]

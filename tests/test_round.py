@@ -2,11 +2,11 @@
 
 import pytest
 
-from edgespec.decoder import SpecDecoder
-from edgespec.generation import GenerationOptions
-from edgespec.kpolicy import RoundPlan, RoundResult
-from edgespec.proposers import DraftChain
-from edgespec.stats import GenerationStats
+from edgespec.engine.decoder import SpecDecoder
+from edgespec.engine.generation import GenerationOptions
+from edgespec.core.round import RoundPlan, RoundResult
+from edgespec.draft import DraftChain
+from edgespec.core.stats import GenerationStats
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from edgespec.sampling import SamplingParams, accept_reject, probs, sample
+from edgespec.core.sampling import SamplingParams, accept_reject, probs, sample
 
 
 def test_greedy_rejects_draft_argmax_that_is_not_target_argmax():
@@ -110,7 +110,7 @@ def test_speculative_sampling_matches_target_distribution(pruned):
 
 def test_greedy_accept_is_accept_reject_on_one_hot_distributions():
     """The temperature-0 shortcut gives exactly what the general rule gives on one-hot p and q."""
-    from edgespec.sampling import greedy_accept
+    from edgespec.core.sampling import greedy_accept
 
     rng = np.random.default_rng(3)
     greedy = SamplingParams(0.0)
@@ -129,8 +129,8 @@ def test_greedy_accept_is_accept_reject_on_one_hot_distributions():
 def test_a_chain_shaped_tree_is_accept_reject_on_the_same_seed():
     """One rule: verifying a chain as a tree (sampling.verify_tree) gives exactly what accept_reject gives,
     draw for draw, on broad and on one-hot (fixed proposal) q, and greedy matches greedy_accept."""
-    from edgespec.sampling import greedy_accept, verify_tree
-    from edgespec.tree import TokenTree
+    from edgespec.core.sampling import greedy_accept, verify_tree
+    from edgespec.core.token_tree import TokenTree
 
     gen = np.random.default_rng(11)
     sp = SamplingParams(0.9)

@@ -15,8 +15,8 @@ import urllib.request
 
 import pytest
 
-from edgespec.decoder import SpecDecoder
-from edgespec.openai_api import RequestError, StopMatcher, parse_chat, parse_completion
+from edgespec.engine.decoder import SpecDecoder
+from edgespec.apps.openai_api import RequestError, StopMatcher, parse_chat, parse_completion
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("starlette")
@@ -233,7 +233,7 @@ def test_the_queue_bound_counts_a_job_an_idle_worker_has_not_taken_yet_as_runnin
     import asyncio
     import types
 
-    from edgespec import serve
+    from edgespec.apps import serve
 
     engine = serve.Engine(types.SimpleNamespace(manifest=None, context_length=64), {}, max_queue=1)
     engine.stop()

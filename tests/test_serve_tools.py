@@ -12,8 +12,8 @@ import json
 import numpy as np
 import pytest
 
-from edgespec.decoder import SpecDecoder
-from edgespec.processors import Processing
+from edgespec.engine.decoder import SpecDecoder
+from edgespec.core.processors import Processing
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("llguidance")

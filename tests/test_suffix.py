@@ -4,10 +4,10 @@ distribution on its fixed-frequency q, earlier conversations as a corpus."""
 import numpy as np
 import pytest
 
-from edgespec.adaptive import AdaptiveK, CostModel
-from edgespec.decoder import SpecDecoder
-from edgespec.sampling import SamplingParams, probs, sample, verify_tree
-from edgespec.suffix import SuffixIndex, SuffixTree, _resample, _trie
+from edgespec.control.adaptive import AdaptiveK, CostModel
+from edgespec.engine.decoder import SpecDecoder
+from edgespec.core.sampling import SamplingParams, probs, sample, verify_tree
+from edgespec.draft.suffix import SuffixIndex, SuffixTree, _resample, _trie
 
 
 def test_longest_suffix_wins_and_the_trie_is_scored_by_frequency():

@@ -12,8 +12,8 @@ from typing import ClassVar
 import pytest
 
 from edgespec import AdaptiveK, Proposal, Proposer, SpecDecoder, register
-from edgespec.adaptive import CostModel
-from edgespec.tree import TokenTree
+from edgespec.control.adaptive import CostModel
+from edgespec.core.token_tree import TokenTree
 
 
 @register
@@ -63,8 +63,8 @@ BENCH = """
 import json, sys
 sys.path.insert(0, {tests!r})
 import test_toy_proposer  # registers the proposer
-from edgespec.bench import run_bench
-from edgespec.prompts import load_file
+from edgespec.bench.runner import run_bench
+from edgespec.bench.prompts import load_file
 r = run_bench({export!r}, ["plain", "repeat", "k2+repeat"], load_file({prompts!r}), max_new_tokens=12, progress=False)
 print(json.dumps(r))
 """

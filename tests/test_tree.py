@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-import edgespec.decoder as decoder_mod
-from edgespec.decoder import SpecDecoder
-from edgespec.sampling import SamplingParams, probs, sample
-from edgespec.sampling import verify_tree
-from edgespec.tree import TokenTree, TreeShape, pick_children
+import edgespec.engine.decoder as decoder_mod
+from edgespec.engine.decoder import SpecDecoder
+from edgespec.core.sampling import SamplingParams, probs, sample
+from edgespec.core.sampling import verify_tree
+from edgespec.core.token_tree import TokenTree, TreeShape, pick_children
 
 
 def _tv(a, b):
@@ -72,7 +72,7 @@ def test_tree_greedy_equals_target_greedy(dec, budget, prompt):
 
 
 def test_tree_sampling_on_the_tiny_pair_follows_p(dec):
-    from edgespec.evaluate import first_token_check
+    from edgespec.bench.evaluate import first_token_check
 
     r = first_token_check(dec, dec.encode("def add(a, b):"), SamplingParams(0.8, top_p=0.95), draws=2000, k=6,
                           tree=True)

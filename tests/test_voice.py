@@ -184,7 +184,7 @@ class _Log:
         self.tokenizer = None
 
     def generate(self, messages, **kw):
-        from edgespec.stats import GenerationStats
+        from edgespec.core.stats import GenerationStats
 
         log, pieces = self, self.pieces
 
@@ -225,7 +225,7 @@ def test_first_sentence_is_spoken_before_decoding_goes_on(asr, question):
 def test_warm_up_caches_the_system_prompt_and_every_turn_starts_from_it(tiny_export, asr, question, monkeypatch):
     """warm_up prefills the system prompt into both KV caches; a turn then feeds neither model the system
     prompt again, answers as a cold turn does (greedy), reports its stages in order; reset() goes back to it."""
-    from edgespec.decoder import SpecDecoder
+    from edgespec.engine.decoder import SpecDecoder
     from edgespec.voice.pipeline import VOICE_SYSTEM_PROMPT, VoiceAssistant, WavSink
     from edgespec.voice.tts import EspeakTTS
 
@@ -280,7 +280,7 @@ def test_first_chunk_rule_and_stalls(asr, question):
 
 def test_speculation_waits_for_the_first_chunk(asr, question):
     """first_chunk_plain (default): the turn's policy holds plain steps until the first chunk is out."""
-    from edgespec.kpolicy import FixedK, HoldPlain
+    from edgespec.control.kpolicy import FixedK, HoldPlain
     from edgespec.voice.pipeline import VoiceAssistant, WavSink
 
     audio = read_wav(question)
@@ -390,8 +390,8 @@ def test_runtime_imports_without_the_voice_extra(tmp_path):
 @pytest.mark.real
 def test_real_pair_answers_a_spoken_question_losslessly(asr, piper, question):
     """Greedy: the speculative answer equals the plain one, and it is spoken; Paris is named."""
-    from edgespec import paths
-    from edgespec.decoder import SpecDecoder
+    from edgespec.io import paths
+    from edgespec.engine.decoder import SpecDecoder
     from edgespec.voice.pipeline import VoiceAssistant, WavSink
     from edgespec.export import export_pair
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import paths
+from ..io import paths
 from ..errors import EdgespecError
 
 ASR_FORMAT = 1
@@ -125,7 +125,7 @@ class MoonshineASR:
         self.bos, self.eos = int(m.get("bos", 1)), int(m.get("eos", 2))
         self.tokens_per_second = float(m.get("tokens_per_second", 6.0))
         self.vocab = load_vocabulary(self.dir / m["files"]["vocabulary"]["path"])
-        from ..onnx_model import session_options
+        from ..io.onnx_model import session_options
 
         so = session_options(threads)  # the process-wide pool when the decoder enabled one
         sessions = {}

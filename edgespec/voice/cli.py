@@ -109,7 +109,7 @@ def _check_out(path: str | None) -> None:
 def _policy(a, decoder):
     if a.k is not None:
         return a.k
-    from ..adaptive import AdaptiveK
+    from ..control.adaptive import AdaptiveK
 
     return AdaptiveK.for_decoder(decoder, latency_budget_ms=a.latency_budget_ms)
 
@@ -149,7 +149,7 @@ def run_voice(a, export_dir) -> int:
         _emit(s, tts.rate, a.wav_out, write_wav)
         return 0
     asr = load_asr(a.asr_dir, a.threads)
-    from ..decoder import SpecDecoder
+    from ..engine.decoder import SpecDecoder
 
     d = export_dir(a.dir, True)
     dec = SpecDecoder.load(d, provider=a.provider, threads=a.threads, load_draft=a.mode == "spec" or bool(wavs),

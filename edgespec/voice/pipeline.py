@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..errors import EdgespecError
-from ..generation import GenerationOptions
-from ..kpolicy import FixedK, HoldPlain
+from ..engine.generation import GenerationOptions
+from ..control.kpolicy import FixedK, HoldPlain
 from .asr import SAMPLE_RATE
 from .audio import find_speech
 from .tts import speakable, timed_synthesize
@@ -169,14 +169,14 @@ class VoiceAssistant:
                  history_turns: int = 4, first_sentence_first: bool = True, first_chunk: str = "phrase",
                  first_chunk_plain: bool = True):
         """``mode``: ``spec`` (the draft model proposes) or ``plain`` (the target alone). ``policy``: a K policy
-        (e.g. :class:`~edgespec.adaptive.AdaptiveK` with a latency budget) or a fixed int K.
+        (e.g. :class:`~edgespec.control.adaptive.AdaptiveK` with a latency budget) or a fixed int K.
         ``history_turns`` earlier question/answer pairs are kept.
         ``first_sentence_first``: the decoder waits while the first sentence is synthesized (on a 2-core CPU
         the two would share the cores and delay the first sound); it resumes while that sentence plays.
         ``first_chunk``: where the first spoken chunk may end (:data:`FIRST_CHUNKS`): ``sentence``, ``clause``
         (also a comma) or ``phrase`` (also before a phrase's first word; see :func:`split_sentences`).
         ``first_chunk_plain``: speculation decodes the first chunk with plain steps and ``policy`` (None: the
-        default K) plans only after it (:class:`~edgespec.kpolicy.HoldPlain`; measured on the real pair,
+        default K) plans only after it (:class:`~edgespec.control.kpolicy.HoldPlain`; measured on the real pair,
         ``docs/benchmarks.md``: drafting in the first chunk made the first sound later, never earlier).
 
         Raises ValueError: an unknown ``first_chunk``."""

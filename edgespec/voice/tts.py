@@ -65,10 +65,10 @@ class PiperTTS:
 
             import onnxruntime as ort
 
-            from ..onnx_model import session_options
+            from ..io.onnx_model import session_options
 
             # as PiperVoice.load does, but with session options that also work once the process shares
-            # one onnxruntime thread pool (see edgespec.onnx_model.use_shared_thread_pool)
+            # one onnxruntime thread pool (see edgespec.io.onnx_model.use_shared_thread_pool)
             session = ort.InferenceSession(str(voice_model), sess_options=session_options(),
                                            providers=["CPUExecutionProvider"])
             cfg = PiperConfig.from_dict(json.loads(Path(config).read_text(encoding="utf-8")))

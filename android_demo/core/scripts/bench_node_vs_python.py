@@ -19,10 +19,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from edgespec import paths
-from edgespec.adaptive import AdaptiveK
-from edgespec.decoder import SpecDecoder
-from edgespec.prompts import builtin
+from edgespec.io import paths
+from edgespec.control.adaptive import AdaptiveK
+from edgespec.engine.decoder import SpecDecoder
+from edgespec.bench.prompts import builtin
 
 CORE = Path(__file__).resolve().parents[1]
 MODES = ("plain", "k4", "adaptive")

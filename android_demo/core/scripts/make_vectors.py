@@ -5,10 +5,10 @@
 Writes what ``npm test`` compares the core against (see ``android_demo/core/test/``): the tokenizer's ids and
 decoded text for a corpus (code, Chinese, emoji, control tokens), the chat template's rendered prompts and
 their ids; per prompt the plain greedy ids with the top two (id, logit) of the plain row at every step (the
-cross-implementation rule of :func:`edgespec.evaluate.compare_rows`; the top-1/top-2 ``gaps`` stay as a figure),
+cross-implementation rule of :func:`edgespec.bench.evaluate.compare_rows`; the top-1/top-2 ``gaps`` stay as a figure),
 and the seeded plain ids of the Gumbel coupling (temperature 0.8, top-p 0.95, a seed per prompt) with the top
-two (id, race score) of each step (:func:`edgespec.evaluate.race_scores`); and the coupling's noise E_n(v)
-(:mod:`edgespec.coupling`) with its exact 53-bit uniform numerators for a few (seed, n, v);
+two (id, race score) of each step (:func:`edgespec.bench.evaluate.race_scores`); and the coupling's noise E_n(v)
+(:mod:`edgespec.core.coupling`) with its exact 53-bit uniform numerators for a few (seed, n, v);
 and a replay record: the logits rows the target and the draft
 produce on every prefix a greedy speculative loop with K ≤ ``REPLAY_K_MAX`` can ask for, which
 ``core/test/conformance/replay.ts`` replays so that the core's loop runs without onnxruntime (on Hermes).
@@ -24,12 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.coupling import exponentials, hash32, position_key
-from edgespec.decoder import SpecDecoder
-from edgespec.evaluate import NEAR_TIE_LOGIT_GAP, plain_row, race_scores
-from edgespec.kpolicy import FixedK
-from edgespec.sampling import SamplingParams
-from edgespec.text import decode
+from edgespec.core.coupling import exponentials, hash32, position_key
+from edgespec.engine.decoder import SpecDecoder
+from edgespec.bench.evaluate import NEAR_TIE_LOGIT_GAP, plain_row, race_scores
+from edgespec.control.kpolicy import FixedK
+from edgespec.core.sampling import SamplingParams
+from edgespec.io.text import decode
 
 CORPUS = [
     "def add(a, b):\n    return a + b\n",

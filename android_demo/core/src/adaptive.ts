@@ -1,5 +1,5 @@
 /**
- * Adaptive K: the Python runtime's measured cost model and acceptance tracking (edgespec/adaptive.py),
+ * Adaptive K: the Python runtime's measured cost model and acceptance tracking (edgespec/control/adaptive.py),
  * for draft chains. Documented subset: no prompt lookup, no trees, and a catch-up that does not fit the
  * latency budget waits (plain steps) instead of running in pieces.
  *

@@ -1,6 +1,6 @@
 /**
  * Drafter-invariant seeded sampling: the exponential race (Gumbel-max) coupling of the target and the draft
- * (the TypeScript twin of edgespec/coupling.py; same generator, same numbers).
+ * (the TypeScript twin of edgespec/core/coupling.py; same generator, same numbers).
  *
  * Daliri, Musco and Suresh 2024, "Coupling without Communication and Drafter-Invariant Speculative Decoding"
  * (arXiv 2408.07978), Gumbel sampling: the randomness of output position n is noise over the vocabulary drawn
@@ -153,7 +153,7 @@ export function followChoices(drafted: readonly number[], choose: (i: number) =>
  * The coupled choice as an argmax, for divergence checks: score(row, n) = log p_n(v) − log E_n(v) float64 (W,)
  * (−∞ where p is 0) from a logits row float32 (≥ W,) at absolute position n; its argmax is
  * GumbelCoupling.choose(p, n) (up to rounding), and a gap between two tokens is in nats of the race
- * (edgespec.evaluate.race_scores).
+ * (edgespec.bench.evaluate.race_scores).
  */
 export function raceScores(seed: number | bigint, width: number, sp: SamplingParams): (row: Float32Array, n: number) => Float64Array {
   const c = new GumbelCoupling(seed, width, 4);

@@ -1,6 +1,6 @@
 /**
  * The speculative decoder: prefill, the speculative round, generation (the TypeScript twin of
- * edgespec/decoder.py, chain speculation only).
+ * edgespec/engine/decoder.py, chain speculation only).
  *
  * State between calls is the committed token list and the two KV caches, so a follow-up prompt that extends
  * the previous conversation reuses every cached position of their common prefix (multi-turn KV reuse).

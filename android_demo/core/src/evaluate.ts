@@ -1,5 +1,5 @@
 /**
- * Losslessness checks shared by the tests and an app's self-test (the TypeScript twin of edgespec/evaluate.py).
+ * Losslessness checks shared by the tests and an app's self-test (the TypeScript twin of edgespec/bench/evaluate.py).
  *
  * Greedy identity, judged by the verify path's own numbers: speculative greedy must equal plain greedy; where
  * they differ, the speculative run's verify calls are replayed on a clean target cache from the committed
@@ -118,7 +118,7 @@ export interface Seeded {
 /**
  * Plain vs speculative decoding on one prompt (greedy, or seeded sampling under the Gumbel coupling when
  * `seeded` is given: then every row is a row of race scores, raceScores), judged by the verify path's numbers
- * (edgespec.evaluate.greedy_check). Fresh caches each; the speculative run's rounds are replayed
+ * (edgespec.bench.evaluate.greedy_check). Fresh caches each; the speculative run's rounds are replayed
  * (replayVerify): `consistent` when every committed token is the argmax of its replayed verify row (a wrong
  * position, a stale cache row or a bad rollback breaks it). At the first divergence i the plain row and the
  * replayed verify row give the plain gap g = l_p(a) − l_p(b) (a plain's token, b the speculative one) and
@@ -173,7 +173,7 @@ export async function greedyCheck(dec: SpecDecoder, inputIds: number[], maxNewTo
 }
 
 /**
- * The divergence rule across implementations or machines (edgespec.evaluate.compare_rows), where neither side
+ * The divergence rule across implementations or machines (edgespec.bench.evaluate.compare_rows), where neither side
  * can recompute the other's kernels: the reference side's plain-path row at the first divergence, known by
  * its top two (refTop2, as make_vectors.py writes it), and this side's row there (float (W,)), both on the
  * common prefix. Legitimate when each row's argmax is its own side's token, both rank the same two tokens

@@ -4,7 +4,7 @@
  */
 import { EdgespecError } from "./errors.js";
 
-/** Chooses K before a round and learns from its outcome (the chain subset of edgespec/kpolicy.py). */
+/** Chooses K before a round and learns from its outcome (the chain subset of edgespec/control/kpolicy.py). */
 export interface KPolicy {
   /** The latency budget this policy keeps rounds under (ms), if any. */
   readonly latencyBudgetMs?: number | null;

@@ -1,6 +1,6 @@
 /**
  * The export contract: `edgespec.json` read into typed, frozen data (the TypeScript twin of
- * edgespec/manifest.py). The core reads manifest format 1 with graph formats 1–3 (a graph's `graph_format`,
+ * edgespec/io/manifest.py). The core reads manifest format 1 with graph formats 1–3 (a graph's `graph_format`,
  * absent = 2): 2 adds an optional `logits_keep` input that onnxruntime's JavaScript API cannot feed (the core
  * slices logits afterwards, as the Python runtime does for format 1); 3 has an in-place KV buffer and fused
  * attention (see kvcache.ts). Anything else is refused with one clear error.

@@ -1,5 +1,5 @@
 /**
- * Logits processing and the speculative accept/reject rule (the TypeScript twin of edgespec/sampling.py).
+ * Logits processing and the speculative accept/reject rule (the TypeScript twin of edgespec/core/sampling.py).
  *
  * Leviathan et al. 2023 ("Fast Inference from Transformers via Speculative Decoding", Algorithm 1) and Chen et
  * al. 2023 (Algorithm 2): `p` is the target's distribution, `q` the draft's. Draft token x at position i is
@@ -41,7 +41,7 @@ export function argmax(row: ArrayLike<number>): number {
   return best;
 }
 
-/** Top-1 minus top-2 value of a logits row (the near-tie measure of edgespec/evaluate.py). */
+/** Top-1 minus top-2 value of a logits row (the near-tie measure of edgespec/bench/evaluate.py). */
 export function topGap(row: ArrayLike<number>): number {
   let a = -Infinity, b = -Infinity;
   for (let i = 0; i < row.length; i++) {

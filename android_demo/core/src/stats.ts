@@ -1,4 +1,4 @@
-/** Per-generation statistics: returned, never printed (the TypeScript twin of edgespec/stats.py, chain only). */
+/** Per-generation statistics: returned, never printed (the TypeScript twin of edgespec/core/stats.py, chain only). */
 
 /**
  * Counters of one generation. Invariants: accepted ≤ evaluated ≤ proposed; rounds = kPerRound.length;

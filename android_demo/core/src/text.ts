@@ -1,5 +1,5 @@
 /**
- * Tokenizer, chat template and streaming detokenization (the TypeScript twin of edgespec/text.py), on
+ * Tokenizer, chat template and streaming detokenization (the TypeScript twin of edgespec/io/text.py), on
  * `@huggingface/tokenizers` (reads the export's tokenizer.json) and `@huggingface/jinja` (renders its chat
  * template with Jinja's trim_blocks/lstrip_blocks, as the Python runtime's sandboxed environment).
  */
@@ -15,7 +15,7 @@ export interface ChatMessage {
 
 /**
  * Added tokens that Qwen2.5's own tokenizer configuration marks `"special": false` (text when decoded), while a
- * GGUF marks the six FIM/repository ones CONTROL: decoding keeps them, as edgespec/text.py's TEXT_TOKENS.
+ * GGUF marks the six FIM/repository ones CONTROL: decoding keeps them, as edgespec/io/text.py's TEXT_TOKENS.
  */
 export const TEXT_TOKENS: ReadonlySet<string> = new Set(["<tool_call>", "</tool_call>", "<|fim_prefix|>",
   "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"]);
@@ -52,7 +52,7 @@ export class TextTokenizer {
   /**
    * 1 + the largest id of the real vocabulary (added tokens included). Filler entries at the top that only
    * pad the vocabulary to the model's head width (`[PAD151665]` … in a GGUF-converted Qwen tokenizer, each
-   * named after its own id) are not tokens (as edgespec/integrity.py's tokenizer_width).
+   * named after its own id) are not tokens (as edgespec/io/integrity.py's tokenizer_width).
    */
   width(): number {
     const byId = new Map<number, string>();

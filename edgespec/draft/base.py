@@ -1,0 +1,78 @@
+"""The drafting seam: a proposer turns the committed tokens into a proposal; the registry of proposers by name.
+
+A :class:`~edgespec.core.round.Proposal` is a token tree (:class:`~edgespec.core.token_tree.TokenTree`; a chain
+is a tree whose parents are i − 1) with the draft distributions q its tokens were drawn from (none for a fixed
+proposal such as prompt lookup or a greedy draft: q is then one-hot on each token). The decoder verifies any
+proposal with the target in one run and applies the one acceptance rule of :mod:`edgespec.core.sampling`.
+
+Four proposers ship, one file each: :class:`~.chain.DraftChain` (the draft model, K tokens),
+:class:`~.tree.DraftTree` (the draft model, a token tree of ``n_nodes``), :class:`~.lookup.PromptLookup` (n-gram
+match, no model) and :class:`~.suffix.SuffixTree` (SuffixDecoding, no model). A new source is one class with a
+``name`` and :meth:`Proposer.propose`, registered with :func:`register`; then
+``GenerationOptions(proposers=("<name>",))`` uses it and the adaptive controller keeps its own estimates for it.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from ..core.round import Offer, Proposal
+from ..core.sampling import SamplingParams
+
+
+class Proposer:
+    """A drafting source. ``uses_draft``: it runs the draft model (its rounds pay draft steps and the draft's
+    catch-up); ``tree``: its size is a node count ``n_nodes`` rather than a draft length K."""
+
+    name: ClassVar[str] = ""
+    uses_draft: ClassVar[bool] = False
+    tree: ClassVar[bool] = False
+
+    @classmethod
+    def from_options(cls, options) -> "Proposer":
+        """An instance for a generation's :class:`~edgespec.engine.generation.GenerationOptions`."""
+        return cls()
+
+    def limit(self, tokens: list[int], cap: int) -> int:
+        """The most tokens this proposer can propose now, at most ``cap`` (0: none)."""
+        return cap
+
+    def offer(self, dec, cap: int) -> Offer:
+        """This round's :class:`~edgespec.core.round.Offer` after ``dec.tokens``: :meth:`limit`, and a ``match``
+        where the proposer knows one."""
+        return Offer(self, self.limit(dec.tokens, cap))
+
+    def propose(self, dec, size: int, sp: SamplingParams, rng: np.random.Generator) -> Proposal:
+        """Propose up to ``size`` tokens after ``dec.tokens`` (the last one is ``last``, not yet in the target
+        cache). Draft proposers may advance ``dec.dcache``; the decoder rolls it back."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+PROPOSERS: dict[str, type[Proposer]] = {}
+
+
+def register(cls: type[Proposer]) -> type[Proposer]:
+    """Class decorator: make ``cls`` available by its ``name`` in ``GenerationOptions.proposers``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    PROPOSERS[cls.name] = cls
+    return cls
+
+
+def resolve(spec, options) -> Proposer:
+    """A proposer from a registered name or an instance.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if isinstance(spec, Proposer):
+        return spec
+    cls = PROPOSERS.get(spec) if isinstance(spec, str) else None
+    if cls is None:
+        raise ValueError(f"unknown proposer {spec!r} (known: {', '.join(sorted(PROPOSERS))})")
+    return cls.from_options(options)

@@ -1,0 +1,520 @@
+"""The speculative decoder: prefill, the speculative round, generation, and the embeddable API.
+
+State between calls is the committed token list and the two KV caches, so a follow-up prompt that extends
+the previous conversation reuses every cached position of their common prefix (multi-turn KV reuse).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from ..core.coupling import GumbelCoupling
+from .generation import Generation, GenerationOptions
+from ..io.integrity import check_files, check_tokenizer, tokenizer_width
+from ..control.kpolicy import FixedK, KPolicy
+from ..core.round import RoundPlan, RoundResult, Situation
+from ..io.manifest import Manifest, load_manifest
+from ..io.onnx_model import CPU, KVCache, OnnxLM, resolve_provider, use_shared_thread_pool
+from ..io.pages import trim_heap
+from ..core.processors import Pipeline, pipeline_for, process_rows, token_logprobs
+from ..draft import Proposer, resolve
+from ..core.sampling import (SamplingParams, accept_reject, follow_choices, greedy_accept, probs, sample,
+                       top1_probability, verify_tree)
+from ..core.stats import GenerationStats
+from ..io.text import ChatTemplate, check_text, encode_chat, load_template, load_tokenizer, plain_text_tokenizer
+from ..core.token_tree import TokenTree
+
+PREFILL_CHUNK = 256
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if len(diff) else n
+
+
+def feed(lm, ids: list[int], cache) -> np.ndarray | None:
+    """Run ``ids`` through ``lm`` after ``cache`` in prefill chunks of :data:`PREFILL_CHUNK` (the head on the
+    last row only); returns the last position's logits float32 (V,), or None for no ids."""
+    logits = None
+    for i in range(0, len(ids), PREFILL_CHUNK):
+        logits = lm.forward(ids[i:i + PREFILL_CHUNK], cache, keep=1)
+    return None if logits is None else logits[-1]
+
+
+class SpecDecoder:
+    """Target + draft graphs of one export, with their caches and the committed tokens.
+
+    Not thread-safe: one generation at a time per decoder.
+    """
+
+    def __init__(self, target: OnnxLM, draft: OnnxLM | None, tokenizer, stop_ids, context_length: int,
+                 template: ChatTemplate | None = None, manifest: Manifest | None = None):
+        self.target, self.draft = target, draft
+        self.tokenizer = tokenizer
+        self.stop_ids = frozenset(int(s) for s in stop_ids)
+        self.context_length = int(context_length)
+        self.template = template
+        self.manifest = manifest
+        # q and p are defined over the ids the tokenizer has: logits past them (a padded head) are cut off
+        self.n_tokens = tokenizer_width(tokenizer)
+        self.width = min(target.spec.vocab_size, self.n_tokens)
+        for lm in (target, draft):
+            if lm is not None and not lm.spec.kept_token_ids:
+                lm.vocab_limit = min(lm.spec.vocab_size, self.n_tokens)
+        self._plain_tokenizer = None  # built on first use: a second tokenizer costs ~100 MB for Qwen's vocabulary
+        self.kept_ids = None  # int64 (N,): target ids of a pruned draft head's N outputs
+        self._generation = 0  # counts generations, so that an abandoned one does not report its end late
+        # the running generation's Gumbel coupling (seeded, drafter-invariant sampling), or None: proposers that
+        # sample from q read it (see :mod:`.coupling`)
+        self.coupling: GumbelCoupling | None = None
+        # the running generation's logits processors (:mod:`.processors`) for every target and draft row, or None
+        self.processor: Pipeline | None = None
+        self.logprobs_top: int | None = None  # report emitted tokens' logprobs with this many alternatives
+        self.step_logprobs: list = []  # the last prefill's or round's TokenLogprob per committed token
+        if draft is not None and draft.spec.kept_token_ids:
+            self.kept_ids = np.load(Path(draft.export_dir) / draft.spec.kept_token_ids).astype(np.int64)
+        self.reset()
+
+    @property
+    def plain_tokenizer(self):
+        """The tokenizer that encodes control-token text in message content as ordinary text (built once, on
+        the first message that holds such text)."""
+        if self._plain_tokenizer is None:
+            self._plain_tokenizer = plain_text_tokenizer(self.tokenizer)
+        return self._plain_tokenizer
+
+    @classmethod
+    def load(cls, export_dir: str | Path, provider: str = "cpu", threads: int | None = None,
+             context_length: int | None = None, load_draft: bool = True,
+             shared_thread_pool: bool = False, provider_options: dict | None = None) -> "SpecDecoder":
+        """Open an export directory written by ``edgespec export``.
+
+        ``load_draft=False`` gives a target-only decoder (plain decoding or proposers without a model).
+        ``shared_thread_pool=True`` calls :func:`~edgespec.onnx_model.use_shared_thread_pool` first (faster;
+        changes how every later onnxruntime session of the process must be created; CPU only).
+        ``provider`` (``cpu``, ``xnnpack``, ``qnn``, ``openvino``, …) with ``provider_options`` (str → str) runs
+        both graphs there; one that is missing or rejects a graph falls back to CPU with a one-line notice
+        (see :func:`~edgespec.onnx_model.open_session`); ``target.provider`` tells which one runs.
+
+        The export is checked where it enters (:mod:`edgespec.integrity`): file sizes always, sha256 on the
+        first load on this device, the graphs' inputs and outputs and the tokenizer against the manifest.
+
+        Raises:
+            EdgespecError: not a complete export, a file or graph that does not match the manifest, or an
+                unknown execution provider.
+        """
+        export_dir = Path(export_dir)
+        m = load_manifest(export_dir)
+        check_files(export_dir, m)
+        if shared_thread_pool and resolve_provider(provider)[0] == CPU:
+            use_shared_thread_pool(threads)
+        tok = load_tokenizer(export_dir / m.tokenizer)
+        trim_heap()  # its JSON parse leaves ~37 MB of free heap blocks; give them back before the graphs load
+        check_tokenizer(export_dir, m, tokenizer_width(tok))
+        template = None
+        if m.chat_template:
+            bos = tok.id_to_token(m.special_tokens.bos) if m.special_tokens.bos is not None else ""
+            template = load_template(export_dir / m.chat_template, bos or "",
+                                     tok.id_to_token(m.special_tokens.eos) or "")
+        target = OnnxLM(m.target, export_dir, provider, threads, provider_options, role="target")
+        draft = OnnxLM(m.draft, export_dir, provider, threads, provider_options, role="draft") if load_draft else None
+        trim_heap()  # and what loading the graphs left
+        ctx = min(m.target.context_length, m.draft.context_length)
+        if context_length is not None:
+            ctx = min(ctx, context_length)
+        return cls(target, draft, tok, m.special_tokens.stop, ctx, template, m)
+
+    def reset(self) -> None:
+        """Forget the conversation: empty both caches."""
+        self.tokens: list[int] = []
+        self.tcache: KVCache = self.target.new_cache()
+        self.dcache: KVCache | None = self.draft.new_cache() if self.draft else None
+
+    # -- prompts ---------------------------------------------------------------------------------------
+
+    def encode(self, prompt: str | None = None, messages: list[dict] | None = None,
+               tools: list[dict] | None = None) -> list[int]:
+        """Token ids int64 of a raw prompt, or of chat ``messages`` rendered with the chat template.
+
+        Message content is plain text: control-token text in it (``<|im_end|>``) does not become a control
+        token (:func:`~edgespec.text.encode_chat`); a raw prompt is the caller's own markup and may hold them.
+        ``tools`` (OpenAI tool objects) are passed to the chat template, which renders them.
+
+        Raises:
+            ValueError: neither or both given, an empty prompt, messages that are not a list of
+                ``{"role", "content"}`` dicts with known roles and str content, text that is not valid UTF-8,
+                or a chat template that fails.
+        """
+        if (prompt is None) == (messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        if messages is not None:
+            if self.template is None:
+                raise ValueError("this export has no chat template; pass a raw prompt")
+            ids = encode_chat(self.tokenizer, lambda: self.plain_tokenizer, self.template, messages, tools=tools)
+        else:
+            ids = self.tokenizer.encode(check_text(prompt, "prompt"), add_special_tokens=False).ids
+        if not ids:
+            raise ValueError("the prompt is empty")
+        return ids
+
+    def check_ids(self, input_ids) -> list[int]:
+        """``input_ids`` as a list of ints, each an id of the tokenizer (0 ≤ id < its vocabulary).
+
+        Raises:
+            ValueError: naming ``input_ids``: not a 1-D sequence of integers (floats and bools are refused,
+                never rounded), or an id out of range.
+        """
+        if isinstance(input_ids, (str, bytes, dict)) or not hasattr(input_ids, "__len__"):
+            raise ValueError(f"input_ids must be a list of token ids, got {type(input_ids).__name__}")
+        arr = np.asarray(input_ids, dtype=object if not isinstance(input_ids, np.ndarray) else None)
+        if arr.ndim != 1:
+            raise ValueError(f"input_ids must be a flat list of token ids, got shape {arr.shape}")
+        for i, t in enumerate(arr.tolist() if arr.dtype != object else arr):
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+                raise ValueError(f"input_ids[{i}] must be an integer token id, got {t!r}")
+            if not 0 <= t < self.n_tokens:
+                raise ValueError(f"input_ids[{i}] = {t} is not a token id (ids are 0..{self.n_tokens - 1})")
+        return [int(t) for t in arr.tolist()]
+
+    def rewind_to(self, n: int) -> None:
+        """Keep the first ``n`` committed tokens and forget the rest: the one public rollback.
+
+        Afterwards ``tokens[n-1]`` is ``last`` (committed, not cached), the target cache holds positions
+        0..n-2 and the draft cache at most as many; the next round continues from there.
+
+        Raises:
+            ValueError: ``n`` outside 1..len(tokens).
+        """
+        if not 1 <= n <= len(self.tokens):
+            raise ValueError(f"rewind_to: n must be in 1..{len(self.tokens)}, got {n}")
+        del self.tokens[n:]
+        self.tcache.crop(min(self.tcache.length, n - 1))
+        if self.dcache is not None:
+            self.dcache.crop(min(self.dcache.length, n - 1))
+
+    def cache_prefix(self, ids: list[int]) -> None:
+        """Prefill a prefix that later prompts share (a fixed system prompt) into both caches ahead of time,
+        so that the next generation whose prompt starts with ``ids`` pays only for the rest, and the draft has
+        no prompt of its own to catch up on but the rest. What is cached of ``ids`` already is kept.
+
+        Afterwards ``tokens`` = ``ids`` (int64 ids, each < the tokenizer's width) and both caches hold
+        positions 0..len(ids)-2: ``ids[-1]`` is ``last``, as after a round.
+
+        Raises:
+            ValueError: ``ids`` empty, not token ids, or not shorter than the context.
+        """
+        ids = self.check_ids(ids)
+        if not ids or len(ids) >= self.context_length:
+            raise ValueError(f"a cached prefix needs 1..{self.context_length - 1} tokens, got {len(ids)}")
+        keep = min(_common_prefix(self.tokens, ids), len(ids) - 1)
+        self.tokens = list(ids)
+        for lm, cache in ((self.target, self.tcache), (self.draft, self.dcache)):
+            if lm is None:
+                continue
+            cache.crop(min(cache.length, keep))
+            feed(lm, ids[cache.length:-1], cache)
+
+    # -- the steps -------------------------------------------------------------------------------------
+
+    def prefill(self, ids: list[int], sp: SamplingParams, rng: np.random.Generator,
+                coupling: GumbelCoupling | None = None) -> int:
+        """Run the prompt ``ids`` through the target, reusing the cached common prefix with the previous call,
+        and commit the first new token sampled from the last position's p (returned): drawn with ``rng``, or
+        the race choice of ``coupling`` at position len(ids). Afterwards a round can start: ``tokens`` = ids +
+        [token]."""
+        keep = min(_common_prefix(self.tokens, ids), len(ids) - 1)
+        self.tcache.crop(keep)  # drop what the new prompt does not share
+        if self.dcache is not None:
+            self.dcache.crop(keep)
+        self.tokens = list(ids)
+        logits = feed(self.target, ids[self.tcache.length:], self.tcache)
+        if self.processor is not None:  # edgespec.processors: penalties, logit bias, grammar mask
+            logits = self.processor(ids, logits)
+        p = probs(logits, sp)
+        x = coupling.choose(p, len(ids)) if coupling is not None and not sp.greedy else sample(p, rng)
+        if self.logprobs_top is not None:
+            self.step_logprobs = token_logprobs(logits[None], [x], self.logprobs_top)
+        self.tokens.append(x)
+        return x
+
+    def draft_probs(self, logits: np.ndarray, sp: SamplingParams, prefix=()) -> np.ndarray:
+        """q float64 (V,) over the target's vocabulary from draft logits float32 (V_d,): a pruned head maps
+        back, q = 0 outside; a head wider than the target's vocabulary is truncated. ``prefix``: the proposal
+        tokens before this row (the logits processors see ``tokens`` + ``prefix``, as for the target's row)."""
+        if self.processor is not None:
+            return probs(self._draft_processed(logits, prefix), sp)
+        if self.kept_ids is None:
+            return probs(logits, sp, self.width)
+        q = np.zeros(self.width, dtype=np.float64)
+        q[self.kept_ids] = probs(logits, sp)
+        return q
+
+    def _draft_processed(self, logits: np.ndarray, prefix) -> np.ndarray:
+        """Draft logits float32 (V_d,) on the target's ids (-inf where a pruned head has none), processed."""
+        if self.kept_ids is not None:
+            full = np.full(self.width, -np.inf, dtype=np.float32)
+            full[self.kept_ids] = logits
+            logits = full
+        return self.processor(self.tokens + list(prefix), logits)
+
+    def draft_argmax(self, logits: np.ndarray, prefix=()) -> int:
+        """The draft's greedy token as a target id (ids the target cannot take are out); ``prefix`` as for
+        :meth:`draft_probs`."""
+        if self.processor is not None:
+            return int(np.argmax(self._draft_processed(logits, prefix)))
+        best = int(np.argmax(logits if self.kept_ids is not None else logits[:self.width]))
+        return int(self.kept_ids[best]) if self.kept_ids is not None else best
+
+    def run_round(self, plan: RoundPlan, sp: SamplingParams, rng: np.random.Generator,
+                  coupling: GumbelCoupling | None = None) -> RoundResult:
+        """One target run: plan → propose → verify → accept → roll back → catch up; commits the new tokens.
+
+        ``coupling`` (seeded sampling, :mod:`.coupling`): every token is the race choice of its position, a
+        proposal token is accepted iff it is the target's choice; else ``rng`` drives the rule of
+        :mod:`.sampling`. Greedy ignores both.
+
+        Invariant on entry and exit: the target cache holds positions 0..L-1 of ``tokens``; ``tokens[L]``
+        (``last``) is committed but not cached; the draft cache holds 0..Ld-1 with Ld ≤ L (it lags after
+        plain steps, lookup rounds or full acceptance, and catches up in its next proposal's first feed).
+        A plan of size 0 is a plain step (an empty proposal), optionally followed by a draft catch-up.
+        """
+        t0 = time.perf_counter()
+        L = len(self.tokens) - 1
+        self.coupling = coupling if not sp.greedy else None
+        # 1. propose: a token tree with its q (a chain: parents i-1; a plain step: no tokens)
+        prop = plan.proposer.propose(self, plan.size, sp, rng) if plan.size > 0 else None
+        tree = prop.tree if prop is not None else TokenTree()
+        draft_ms = (time.perf_counter() - t0) * 1e3 if prop is not None else 0.0
+        # 2. verify: the target scores `last` and every proposal token in one run → logits float32 (N+1, V)
+        logits = self._verify(L, tree)
+        if self.processor is not None:  # the same processors as the draft's rows, per position (processors.py)
+            logits = process_rows(self.processor, self.tokens, tree, logits)
+        # 3. accept: the rule of sampling.py — min(1, p/q) per token, a correction from norm(max(0, p - q)),
+        #    or a bonus token from p after the last accepted one
+        path, x = self._accept(tree, logits, sp, rng, L)
+        if self.logprobs_top is not None:  # each committed token's row: the root's, then its parent node's
+            rows = [0] + [i + 1 for i in path]
+            self.step_logprobs = token_logprobs(logits[rows], [tree.tokens[i] for i in path] + [x], self.logprobs_top)
+        # 4. roll back: keep the accepted path's KV entries, then commit
+        self._roll_back(L, path, draft_kept=min(len(path), prop.draft_rows) if prop is not None else 0)
+        self.tokens += [tree.tokens[i] for i in path] + [x]
+        # 5. catch up: a plain step may feed the draft part of what it lags (the new token stays unfed)
+        catchup_ms, catchup_tokens = (prop.catchup_ms, prop.catchup_tokens) if prop is not None else (0.0, 0)
+        if prop is None and plan.catchup_tokens > 0 and self.dcache is not None:
+            catchup_ms, catchup_tokens = self._catch_up(plan.catchup_tokens)
+            draft_ms = catchup_ms
+        steps = prop.draft_step_ms if prop is not None else []
+        return RoundResult(
+            plan=plan, tokens=[tree.tokens[i] for i in path] + [x], proposer=plan.proposer if len(tree) else None,
+            depths=tuple(tree.depth), accepted=len(path), bonus=not tree.children.get(path[-1] if path else -1),
+            draft_ms=draft_ms, round_ms=(time.perf_counter() - t0) * 1e3,
+            draft_step_ms=float(np.median(steps)) if steps else None, catchup_ms=catchup_ms,
+            catchup_tokens=catchup_tokens, logits=logits[-1] if not len(tree) else None, tree=tree, start=L)
+
+    def _verify(self, L: int, tree: TokenTree) -> np.ndarray:
+        """2. The target's logits float32 (N+1, V) for `last` and the N proposal tokens: a chain with the
+        causal mask, a tree with its ancestor mask and per-node positions (prefix length + depth)."""
+        ids = [self.tokens[-1]] + tree.tokens
+        if tree.is_chain:
+            return self.target.forward(ids, self.tcache)
+        n = len(tree)
+        mask = np.ones((1, 1, n + 1, L + n + 1), dtype=bool)  # bool (1, 1, N+1, L+N+1)
+        mask[0, 0, :, L:] = tree.ancestors_mask()
+        pos = L + np.array([0] + tree.depth, dtype=np.int64)
+        return self.target.forward(ids, self.tcache, pos, mask)
+
+    def _accept(self, tree: TokenTree, logits: np.ndarray, sp: SamplingParams,
+                rng: np.random.Generator, L: int) -> tuple[list[int], int]:
+        """3. (accepted node indices, the correction or bonus token). Chains take the fast paths
+        (:func:`greedy_accept`, :func:`accept_reject`); trees the walk :func:`verify_tree`; all share
+        :func:`~edgespec.sampling.accept_candidates`. A fixed proposal (no q) has one-hot q. Under a coupling
+        (``self.coupling``) the walk :func:`follow_choices` takes the race choice of p at each row's position
+        (L + 1 + the node's depth) and keeps a proposal token iff it is that choice."""
+        if self.coupling is not None:
+            c = self.coupling
+            return follow_choices(tree, lambda node: c.choose(probs(logits[node + 1], sp),
+                                                              L + 1 + (tree.depth[node] if node >= 0 else 0)))
+        if not tree.is_chain:
+            return verify_tree(tree, probs(logits, sp), sp, rng)
+        drafted = np.asarray(tree.tokens, dtype=np.int64)
+        if sp.greedy:
+            n, x = greedy_accept(drafted, logits)
+        else:
+            if tree.q:
+                q = np.stack([tree.q[i - 1] for i in range(len(drafted))])
+            else:  # one-hot q: accepted with probability p(x)
+                q = np.zeros((len(drafted), self.width))
+                q[np.arange(len(drafted)), drafted] = 1.0
+            n, x = accept_reject(drafted, q, probs(logits, sp), rng)
+        return list(range(n)), x
+
+    def _roll_back(self, L: int, accepted_rows: list[int], draft_kept: int) -> None:
+        """4. Roll back: the one place a round shortens the caches.
+
+        The target keeps the committed prefix 0..L (``last`` at L) and, after it, the verified rows of the
+        accepted proposal tokens (indices into the proposal; a chain's prefix is a view, a tree's path a
+        gather). The draft keeps its first ``draft_kept`` proposal positions; its catch-up is the next
+        proposal's first feed.
+        """
+        self.tcache.crop(L + 1, keep=[L + 1 + i for i in accepted_rows])
+        if self.dcache is not None:
+            self.dcache.crop(min(self.dcache.length, L + 1 + draft_kept))
+
+    def _catch_up(self, m: int) -> tuple[float, int]:
+        """5. Feed the draft up to ``m`` committed tokens it has not seen, the newest excluded; (ms, tokens)."""
+        start = self.dcache.length
+        feed = self.tokens[start:min(start + m, len(self.tokens) - 1)]
+        t0 = time.perf_counter()
+        if feed:
+            self.draft.forward(feed, self.dcache, keep=1)
+        return (time.perf_counter() - t0) * 1e3, len(feed)
+
+    # -- generation ------------------------------------------------------------------------------------
+
+    def proposers_for(self, options: GenerationOptions) -> list[Proposer]:
+        """The options' proposers as instances.
+
+        Raises:
+            ValueError: an unknown name, or a proposer that needs the draft on a decoder loaded without it.
+        """
+        proposers = [resolve(p, options) for p in options.proposers]
+        if self.draft is None and any(p.uses_draft for p in proposers):
+            raise ValueError("this decoder was loaded without its draft; use proposers without a model "
+                             "(e.g. ('lookup',)) or () for plain decoding")
+        return proposers
+
+    def generate_ids(self, input_ids: list[int], options: GenerationOptions | None = None,
+                     policy: KPolicy | None = None,
+                     stats: GenerationStats | None = None) -> Iterator[tuple[list[int], int]]:
+        """Yield ``(new token ids, how many of them are accepted proposal tokens)`` per target run.
+
+        ``policy`` (e.g. :class:`~edgespec.adaptive.AdaptiveK`) plans each round; without one, a fixed K
+        (``options.k``, ``options.n_nodes`` for trees) from the first proposer that can propose. Stop tokens end
+        generation and are not yielded. ``max_new_tokens`` is never exceeded; K is clamped so that every
+        verified position stays inside the context. ``stats`` (if given) is filled in place.
+
+        Raises:
+            ValueError: empty prompt, prompt not shorter than the context, a proposer this decoder cannot run,
+                processing it cannot apply (a logit_bias id out of range, a grammar that does not compile).
+        """
+        o = options or GenerationOptions()
+        proposers = self.proposers_for(o)
+        pipeline = pipeline_for(o.processing, self.tokenizer, self.width, self.stop_ids, len(input_ids))
+        if len(input_ids) == 0:
+            raise ValueError("the prompt is empty")
+        if len(input_ids) >= self.context_length:
+            raise ValueError(f"the prompt is {len(input_ids)} tokens; the context holds {self.context_length}")
+        stats = stats if stats is not None else GenerationStats()
+        policy = policy if policy is not None else FixedK(o.k, o.n_nodes)
+        stats.latency_budget_ms = policy.latency_budget_ms
+        stats.provider = self.target.provider
+        drafts = any(p.uses_draft for p in proposers)
+        stats.mode = "spec" if drafts else "+".join(p.name for p in proposers) or "plain"
+        return self._generate(list(input_ids), o, proposers, policy, stats, pipeline)
+
+    def _plan(self, policy: KPolicy, proposers: list[Proposer], cap: int, remaining: int) -> RoundPlan:
+        """Ask the policy, then keep the plan feasible: only offered proposers, sizes within ``cap``, a catch-up
+        only where a draft is in use."""
+        if not proposers:
+            return RoundPlan()
+        L = len(self.tokens) - 1
+        lag = L + 1 - self.dcache.length if self.dcache is not None else 0
+        offers = tuple(p.offer(self, cap) for p in proposers)
+        plan = policy.choose(Situation(offers, lag, remaining))
+        if plan.proposer is not None and plan.proposer not in proposers:
+            return RoundPlan()  # asked for a source this generation does not use
+        drafting = self.dcache is not None and any(p.uses_draft for p in proposers)
+        return RoundPlan(plan.proposer, max(0, min(plan.k, cap)), max(0, min(plan.n_nodes, cap)),
+                         max(0, plan.catchup_tokens) if drafting else 0)
+
+    def _generate(self, input_ids, o: GenerationOptions, proposers, policy: KPolicy, stats: GenerationStats,
+                  pipeline: Pipeline | None):
+        """The generation's processors and logprobs setting are the decoder's for its duration (a newer
+        generation that replaced it keeps its own)."""
+        self.processor, self.logprobs_top, self.step_logprobs = pipeline, o.logprobs, []
+        owner = self._processing_owner = object()
+        try:
+            yield from self._generate_rounds(input_ids, o, proposers, policy, stats)
+        finally:
+            if self._processing_owner is owner:
+                self.processor = self.logprobs_top = None
+
+    def _generate_rounds(self, input_ids, o: GenerationOptions, proposers, policy: KPolicy, stats: GenerationStats):
+        stats.prompt_tokens = len(input_ids)
+        sp = o.sampling
+        rng = np.random.default_rng(o.seed)
+        coupling = None
+        if o.coupled:
+            seed = o.seed if o.seed is not None else int(np.random.SeedSequence().entropy % (1 << 64))
+            coupling = GumbelCoupling(seed, self.width)
+        stats.coupling = "gumbel" if coupling is not None else ("greedy" if sp.greedy else "standard")
+        t_start = time.perf_counter()
+        new, result = [self.prefill(input_ids, sp, rng, coupling)], None
+        stats.prefill_ms = (time.perf_counter() - t_start) * 1e3
+        self._generation = generation = self._generation + 1
+        policy.begin()
+        try:
+            while True:
+                room = o.max_new_tokens - stats.new_tokens
+                stop = next((i for i, t in enumerate(new) if t in self.stop_ids), None)
+                if stop is not None and stop >= room:
+                    stop = None
+                used = stop + 1 if stop is not None else min(len(new), room)  # the stop token is generated
+                if result is not None:
+                    stats.record_round(result, used)
+                stats.new_tokens += used
+                emitted = new[:used - (stop is not None)]
+                if self.logprobs_top is not None:
+                    stats.token_logprobs += self.step_logprobs[:len(emitted)]
+                if stop is not None:
+                    stats.stop_reason = "stop_token"
+                yield emitted, min(result.accepted if result is not None else 0, len(emitted))
+                stats.wall_ms = (time.perf_counter() - t_start) * 1e3
+                if stop is not None:
+                    break
+                remaining = o.max_new_tokens - stats.new_tokens
+                L = len(self.tokens) - 1
+                if remaining <= 0:
+                    stats.stop_reason = "max_new_tokens"
+                    break
+                if L >= self.context_length:
+                    stats.stop_reason = "context"
+                    break
+                cap = min(remaining - 1, self.context_length - 1 - L)  # also caps a tree's node count
+                result = self.run_round(self._plan(policy, proposers, cap, remaining), sp, rng, coupling)
+                policy.observe(result)
+                if result.logits is not None and proposers:  # the target's top-1 probability, temperature 1
+                    policy.observe_confidence(top1_probability(result.logits))
+                new = result.tokens
+        finally:  # also when the caller stops iterating early; not for a generation a newer one replaced
+            if self._generation == generation:
+                policy.end(stats.new_tokens)
+        stats.wall_ms = (time.perf_counter() - t_start) * 1e3
+
+    def generate(self, prompt: str | None = None, *, messages: list[dict] | None = None,
+                 input_ids: list[int] | None = None, options: GenerationOptions | None = None,
+                 policy: KPolicy | None = None, **option_fields) -> Generation:
+        """Generate from a raw prompt, chat messages, or token ids; iterate the result for text pieces.
+
+        ``options`` (default :class:`GenerationOptions`), with any of its fields overridden by keyword (e.g.
+        ``max_new_tokens=64, temperature=0.7, proposers=("lookup", "draft")``); ``policy`` plans each round
+        (default: fixed K). Returns a :class:`Generation`: iterating it streams text (str), then ``.stats``,
+        ``.text`` and ``.token_ids`` hold the outcome.
+
+        Raises:
+            ValueError: invalid arguments (before any work). TypeError: an unknown option name.
+        """
+        o = GenerationOptions.with_fields(options, option_fields) if option_fields else (options or GenerationOptions())
+        if input_ids is None:
+            input_ids = self.encode(prompt, messages)
+        elif prompt is not None or messages is not None:
+            raise ValueError("give one of prompt, messages or input_ids")
+        else:
+            input_ids = self.check_ids(input_ids)
+        stats = GenerationStats()
+        return Generation(self.generate_ids(list(input_ids), o, policy, stats), self.tokenizer, stats)

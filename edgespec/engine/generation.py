@@ -1,0 +1,149 @@
+"""What a generation is asked to do (:class:`GenerationOptions`) and a running one (:class:`Generation`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Iterator
+
+from ..core.processors import MAX_TOP_LOGPROBS, Processing
+from ..draft import PROPOSERS, Proposer
+from ..core.sampling import SamplingParams
+from ..core.stats import GenerationStats
+from ..io.text import IncrementalDetokenizer
+
+COUPLINGS = ("auto", "gumbel", "standard")
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """One generation's settings, validated on construction.
+
+    ``proposers``: drafting sources in priority order, by registered name (``"draft"``: the draft model's
+    chain, ``"tree"``: its token trees, ``"lookup"``: prompt lookup; see :mod:`.proposers`) or as
+    :class:`~edgespec.draft.Proposer` instances; ``()`` is plain decoding with the target alone. Without a
+    K policy, each round drafts a fixed ``k`` tokens (K, the draft length) or, from a tree proposer, a tree of
+    ``n_nodes``. ``draft_p_min`` stops a draft chain once the draft's top probability falls below it.
+    ``temperature`` 0 is greedy; ``top_k`` 0 and ``top_p`` 1 are off. ``processing``
+    (:class:`~edgespec.core.processors.Processing`: penalties, logit bias, a grammar constraint) changes the logits of
+    the target and the draft alike before sampling. ``logprobs`` (None: off; 0..20) records each emitted token's
+    logprob and that many alternatives in ``stats.token_logprobs``.
+
+    ``coupling`` picks the sampling rule (greedy ignores it): ``"gumbel"`` is drafter-invariant seeded sampling
+    (:mod:`.coupling`: the output depends only on the seed and the target, never on K, the proposers or the
+    cache), ``"standard"`` the accept/reject rule of Leviathan et al. 2023 (:mod:`.sampling`: the same
+    distribution, but the random stream, and so the text, follows what speculation did); ``"auto"`` (default)
+    is ``"gumbel"`` when a ``seed`` is given and ``"standard"`` without one. ``"gumbel"`` without a seed draws one.
+
+    Raises:
+        ValueError: an invalid value (named in the message).
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    proposers: tuple = ("draft",)
+    k: int = 4
+    n_nodes: int = 8
+    draft_p_min: float | None = None
+    coupling: str = "auto"
+    processing: Processing | None = None
+    logprobs: int | None = None
+
+    def __post_init__(self):
+        if isinstance(self.proposers, (str, Proposer)) or not hasattr(self.proposers, "__iter__"):
+            raise ValueError(f"proposers must be a tuple of names or Proposer instances, got {self.proposers!r}")
+        object.__setattr__(self, "proposers", tuple(self.proposers))
+        for p in self.proposers:
+            if not isinstance(p, Proposer) and p not in PROPOSERS:
+                raise ValueError(f"unknown proposer {p!r} (known: {', '.join(sorted(PROPOSERS))})")
+        for name in ("max_new_tokens", "k", "n_nodes", "top_k"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"{name} must be an integer, got {v!r}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
+        if self.k < 0:
+            raise ValueError(f"k must be ≥ 0, got {self.k}")
+        if self.n_nodes < 0:
+            raise ValueError(f"n_nodes must be ≥ 0, got {self.n_nodes}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise ValueError(f"seed must be an integer ≥ 0 or None, got {self.seed!r}")
+        for name in ("temperature", "top_p"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"{name} must be a number, got {v!r}")
+        if self.draft_p_min is not None and not 0 <= self.draft_p_min <= 1:
+            raise ValueError(f"draft_p_min must be in [0, 1], got {self.draft_p_min}")
+        if self.coupling not in COUPLINGS:
+            raise ValueError(f"coupling must be one of {', '.join(COUPLINGS)}, got {self.coupling!r}")
+        if self.processing is not None and not isinstance(self.processing, Processing):
+            raise ValueError(f"processing must be an edgespec.core.processors.Processing, got {self.processing!r}")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise ValueError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
+        self.sampling  # validates temperature, top_k, top_p
+
+    @property
+    def coupled(self) -> bool:
+        """Whether tokens are sampled by the Gumbel coupling (sampling, and ``coupling`` gumbel, or auto with a
+        seed)."""
+        if self.temperature == 0 or self.coupling == "standard":
+            return False
+        return self.coupling == "gumbel" or self.seed is not None
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p)
+
+    @classmethod
+    def with_fields(cls, base: "GenerationOptions | None", overrides: dict) -> "GenerationOptions":
+        """``base`` (default options) with some fields replaced.
+
+        Raises:
+            TypeError: a name that is not a field (e.g. the old ``mode``/``lookup``/``tree`` arguments: use
+                ``proposers``).
+        """
+        names = {f.name for f in fields(cls)}
+        bad = sorted(set(overrides) - names)
+        if bad:
+            raise TypeError(f"unknown generation option(s) {', '.join(bad)}; the options are "
+                            f"{', '.join(sorted(names))} (mode/lookup/tree became proposers=(...))")
+        base = base or cls()
+        return cls(**{**{n: getattr(base, n) for n in names}, **overrides})
+
+
+class Generation:
+    """A running generation: iterate for text pieces; ``chunks()`` also tells which came from the draft."""
+
+    def __init__(self, events: Iterator[tuple[list[int], int]], tokenizer, stats: GenerationStats):
+        self._events = events
+        self._detok = IncrementalDetokenizer(tokenizer)
+        self.stats = stats
+        self.token_ids: list[int] = []
+        self.text = ""
+
+    def chunks(self) -> Iterator[tuple[str, bool]]:
+        """Yield ``(text, from_draft)``: ``from_draft`` marks text of accepted draft tokens."""
+        for ids, n_draft in self._events:
+            for i, t in enumerate(ids):
+                self.token_ids.append(t)
+                piece = self._detok.push([t])
+                if piece:
+                    self.text += piece
+                    yield piece, i < n_draft
+        tail = self._detok.flush()
+        if tail:
+            self.text += tail
+            yield tail, False
+
+    def __iter__(self) -> Iterator[str]:
+        for piece, _ in self.chunks():
+            yield piece
+
+    def run(self) -> "Generation":
+        """Consume the whole generation; returns self."""
+        for _ in self.chunks():
+            pass
+        return self

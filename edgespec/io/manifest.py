@@ -1,0 +1,319 @@
+"""The export contract: ``edgespec.json``, loaded into frozen dataclasses.
+
+One manifest per export directory describes both graphs (``target`` and ``draft`` blocks), the tokenizer,
+the chat template, the special tokens and the validation figures measured at export time. The runtime reads
+only this file to know how to feed the graphs; the exporter writes it last, so a directory without it (or
+with a different ``format``) is not a complete export.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import paths
+from ..errors import EdgespecError
+
+MANIFEST_NAME = "edgespec.json"
+FORMAT_VERSION = 1
+GRAPH_FORMAT = 4  # newest graph format this runtime reads (GraphSpec.graph_format)
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """How a graph's weights were quantized.
+
+    ``precision`` is ``int4`` (onnxruntime MatMulNBits, ``block_size``, ``accuracy_level``, symmetric),
+    ``int8`` (dynamic QInt8 MatMul) or ``fp32``. ``lm_head_bits`` is the precision kept for the output head,
+    ``embedding_bits`` that of the token embedding table (32: fp32 ``Gather``; 4 or 8: ``GatherBlockQuantized``
+    in blocks of ``block_size``, or of 32 for int8 graphs).
+    """
+
+    precision: str
+    block_size: int | None = None
+    accuracy_level: int | None = None
+    lm_head_bits: int = 32
+    embedding_bits: int = 32
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """One ONNX causal LM graph with KV-cache inputs and outputs.
+
+    Inputs: ``input_ids`` int64 (B, T); ``position_ids`` int64 (B, T); ``attention_mask`` bool (B, 1, T, P+T)
+    (True = query may attend to that key; expresses causal, padding and tree masks);
+    ``past_key_values.{i}.key|value`` float32 (B, kv_heads, P, head_dim).
+    Outputs: ``logits`` float32 (B, T, vocab_size); ``present.{i}.key|value`` float32 (B, kv_heads, P+T, head_dim).
+    Optional input (graph format 2, an overridable initializer, so not in ``input_names``): ``logits_keep``
+    int64 (1,) = N > 0 computes ``logits`` for the last N rows only, float32 (B, N, vocab_size); 0 = all.
+
+    ``graph_format`` 3 (absent = 2) changes only the KV cache: ``past_key_values.{i}.key|value`` are float32
+    (B, kv_heads, C, head_dim) buffers of a capacity C ≥ P+T whose first P rows are the past (later rows are
+    ignored), and ``present.{i}.key|value`` have the same shape C: the past rows unchanged and the T new rows
+    written at P..P+T-1. P is read from the mask (P = its last dimension − T). Bound to the same memory
+    (IO binding), past and present are one buffer that the graph updates in place. Attention is onnxruntime's
+    ``com.microsoft.GroupQueryAttention`` (CPU kernel with ``position_ids`` and ``attention_bias``;
+    tested on onnxruntime 1.32); the mask must be causal-compatible (each query sees no later slot).
+
+    ``graph_format`` 4 keeps format 3's in-place cache with per-KV-head inputs and grouped attention
+    (``export/grouped_graph.py``; B = 1): ``past_key_values.{i}.key|value.{h}`` float32 (W, head_dim) for each
+    layer i and KV head h are the first W ≥ P rows of that head's buffer (bound by pointer); ``attention_mask``
+    is bool (1, 1, T, W+T) with the columns P..W-1 False; the output ``present`` float32
+    (2 · layers, kv_heads, T, head_dim) holds the T new rows (layer i's key at 2i, value at 2i+1), which the
+    runtime stores at rows P..P+T-1 (:class:`edgespec.io.grouped_kv.GroupedKVCache`).
+    """
+
+    path: str
+    architecture: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    context_length: int
+    quantization: Quantization
+    source: str
+    source_sha256: str
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    validation: dict[str, Any] = field(default_factory=dict)
+    kept_token_ids: str | None = None  # .npy of int64 ids when the lm_head is pruned (draft only)
+    graph_format: int = 2  # 1–2: traced graph, KV concatenated per step; 3: shared KV buffer, fused attention;
+    # 4: per-KV-head shared buffers, grouped attention in plain ops
+
+    def past_names(self) -> list[tuple[str, str]]:
+        """``[(key_name, value_name)]`` per layer, in layer order."""
+        return [(f"past_key_values.{i}.key", f"past_key_values.{i}.value") for i in range(self.num_layers)]
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """Token ids; ``stop`` ends generation (both 151643 and 151645 for Qwen2.5)."""
+
+    bos: int | None
+    eos: int
+    pad: int | None
+    stop: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of the export: ``size`` in bytes and hex ``sha256``, recorded at export (since edgespec 0.1's
+    integrity checks; older manifests have no ``files`` and are checked for presence only)."""
+
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The whole ``edgespec.json``. ``files`` maps every file of the export (paths relative to it, other than
+    the manifest) to its :class:`FileEntry`; empty for exports written before it existed."""
+
+    name: str
+    target: GraphSpec
+    draft: GraphSpec
+    tokenizer: str
+    chat_template: str | None
+    special_tokens: SpecialTokens
+    tokenizer_sha256: str
+    edgespec_version: str
+    format: int = FORMAT_VERSION
+    export_seconds: float | None = None
+    files: dict[str, FileEntry] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=False)
+
+
+class _Invalid(Exception):
+    """A manifest field is missing or of the wrong type; ``str`` is the plain-words reason."""
+
+
+def _show(v: Any) -> str:
+    text = json.dumps(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# (test, description) per kind of field; None is allowed only where the kind says "or null"
+_KINDS = {
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "str?": (lambda v: v is None or isinstance(v, str), "a string or null"),
+    "pos": (lambda v: _is_int(v) and v > 0, "a positive integer"),
+    "pos?": (lambda v: v is None or (_is_int(v) and v > 0), "a positive integer or null"),
+    "nonneg?": (lambda v: v is None or (_is_int(v) and v >= 0), "an integer ≥ 0 or null"),
+    "token": (lambda v: _is_int(v) and v >= 0, "a token id (an integer ≥ 0)"),
+    "token?": (lambda v: v is None or (_is_int(v) and v >= 0), "a token id (an integer ≥ 0) or null"),
+    "tokens": (lambda v: isinstance(v, list) and all(_is_int(t) and t >= 0 for t in v),
+               "a list of token ids (integers ≥ 0)"),
+    "names": (lambda v: isinstance(v, (list, tuple)) and all(isinstance(t, str) for t in v), "a list of strings"),
+    "object": (lambda v: isinstance(v, dict), "an object"),
+    "number?": (lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
+                "a number or null"),
+    "size": (lambda v: _is_int(v) and v >= 0, "a size in bytes (an integer ≥ 0)"),
+    "sha256": (lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) is not None,
+               "a sha256 (64 lowercase hex digits)"),
+}
+
+
+def _fields(d: Any, where: str, spec: dict[str, tuple[str, bool]]) -> dict:
+    """Check ``d`` against ``{key: (kind, required)}``; returns the known keys (unknown keys are ignored)."""
+    if not isinstance(d, dict):
+        raise _Invalid(f"{where} must be an object, got {_show(d)}")
+    out = {}
+    for key, (kind, required) in spec.items():
+        if key not in d:
+            if required:
+                raise _Invalid(f'the "{key}" field is missing' + (f" in {where}" if where else ""))
+            continue
+        test, what = _KINDS[kind]
+        if not test(d[key]):
+            raise _Invalid(f"{where + '.' if where else ''}{key} must be {what}, got {_show(d[key])}")
+        out[key] = d[key]
+    return out
+
+
+_QUANTIZATION = {"precision": ("str", True), "block_size": ("pos?", False), "accuracy_level": ("nonneg?", False),
+                 "lm_head_bits": ("pos", False), "embedding_bits": ("pos", False)}
+_GRAPH = {"path": ("str", True), "architecture": ("str", True), "num_layers": ("pos", True),
+          "num_kv_heads": ("pos", True), "head_dim": ("pos", True), "vocab_size": ("pos", True),
+          "context_length": ("pos", True), "quantization": ("object", True), "source": ("str", True),
+          "source_sha256": ("str", True), "input_names": ("names", True), "output_names": ("names", True),
+          "validation": ("object", False), "kept_token_ids": ("str?", False), "graph_format": ("pos", False)}
+_SPECIAL = {"bos": ("token?", True), "eos": ("token", True), "pad": ("token?", True), "stop": ("tokens", True)}
+_MANIFEST = {"name": ("str", True), "target": ("object", True), "draft": ("object", True), "tokenizer": ("str", True),
+             "chat_template": ("str?", True), "special_tokens": ("object", True), "tokenizer_sha256": ("str", True),
+             "edgespec_version": ("str", True), "format": ("pos", True), "export_seconds": ("number?", False),
+             "files": ("object", False)}
+_FILE = {"size": ("size", True), "sha256": ("sha256", True)}
+
+
+def _relative(value: str, where: str) -> str:
+    """A manifest path: relative, no ``..`` (symlinks are resolved against the directory in :func:`inside`)."""
+    if not value or Path(value).is_absolute() or ".." in Path(value).parts or "\\" in value or ":" in value:
+        raise _Invalid(f"{where} must be a path inside the export directory, got {_show(value)}")
+    return value
+
+
+def graph_spec(d: Any, role: str) -> GraphSpec:
+    """A :class:`GraphSpec` from its JSON form (a manifest's ``target``/``draft`` block, or the exporter's cached
+    graph metadata, whose paths are relative to the graph's own directory): the one place the graph schema is
+    read.
+
+    Raises:
+        EdgespecError: a missing field, a wrong type or a path leaving the directory, named in one line.
+    """
+    try:
+        return _graph(d, role)
+    except _Invalid as e:
+        raise EdgespecError(f"{role}: {e}") from None
+
+
+def _graph(d: Any, role: str) -> GraphSpec:
+    d = _fields(d, role, _GRAPH)
+    _relative(d["path"], f"{role}.path")
+    if d.get("kept_token_ids") is not None:
+        _relative(d["kept_token_ids"], f"{role}.kept_token_ids")
+    d["quantization"] = Quantization(**_fields(d["quantization"], f"{role}.quantization", _QUANTIZATION))
+    d["input_names"] = tuple(d["input_names"])
+    d["output_names"] = tuple(d["output_names"])
+    if d.get("graph_format", 2) > GRAPH_FORMAT:
+        raise _Invalid(f"{role}.graph_format is {d['graph_format']}; this edgespec reads graph formats up to "
+                       f"{GRAPH_FORMAT} (update edgespec or export again)")
+    return GraphSpec(**d)
+
+
+def _manifest(raw: Any) -> Manifest:
+    raw = _fields(raw, "", _MANIFEST)
+    raw["target"] = _graph(raw["target"], "target")
+    raw["draft"] = _graph(raw["draft"], "draft")
+    st = _fields(raw["special_tokens"], "special_tokens", _SPECIAL)
+    st["stop"] = tuple(st["stop"])
+    raw["special_tokens"] = SpecialTokens(**st)
+    _relative(raw["tokenizer"], "tokenizer")
+    if raw["chat_template"] is not None:
+        _relative(raw["chat_template"], "chat_template")
+    files = {}
+    for rel, entry in raw.get("files", {}).items():
+        files[_relative(rel, "a key of files")] = FileEntry(**_fields(entry, f"files[{_show(rel)}]", _FILE))
+    raw["files"] = files
+    return Manifest(**raw)
+
+
+def inside(export_dir: Path, rel: str, field_name: str) -> Path:
+    """``export_dir/rel`` if it stays inside ``export_dir`` once symlinks are resolved.
+
+    Raises:
+        EdgespecError: the path (or a symlink on it) leads outside the export directory.
+    """
+    base = export_dir.resolve()
+    target = (export_dir / rel).resolve()
+    if target == base or not target.is_relative_to(base):
+        raise EdgespecError(f"{export_dir / MANIFEST_NAME}: {field_name} {rel!r} leads outside the export directory "
+                            f"(to {target}); refusing to read it")
+    return target
+
+
+def named_files(m: Manifest) -> list[tuple[str, str, bool]]:
+    """``(field, relative path, required)`` for every file the manifest names."""
+    out = [("target.path", m.target.path, True), ("draft.path", m.draft.path, True),
+           ("tokenizer", m.tokenizer, True)]
+    if m.chat_template:
+        out.append(("chat_template", m.chat_template, True))
+    for role, g in (("target", m.target), ("draft", m.draft)):
+        if g.kept_token_ids:
+            out.append((f"{role}.kept_token_ids", g.kept_token_ids, True))
+    out += [("files", rel, True) for rel in m.files]
+    return out
+
+
+def load_manifest(export_dir: str | Path) -> Manifest:
+    """Read and type-check ``DIR/edgespec.json``.
+
+    Raises:
+        EdgespecError: DIR is missing or not a directory, is an unfinished export, or the manifest is unreadable,
+            not an edgespec manifest, of another format, has a missing or wrongly typed field, names a file
+            that is missing or (symlinks resolved) outside DIR.
+    """
+    export_dir = Path(export_dir)
+    paths.recover_export(export_dir)  # a re-export killed between its two renames: finish or undo it
+    if export_dir.exists() and not export_dir.is_dir():
+        raise EdgespecError(f"{export_dir}: not a directory (expected an edgespec export directory)")
+    if not export_dir.is_dir():
+        raise EdgespecError(f"{export_dir}: no such export directory (run `edgespec export` first)")
+    path = export_dir / MANIFEST_NAME
+    if not path.is_file():
+        raise EdgespecError(
+            f"{export_dir}: not a complete edgespec export (no {MANIFEST_NAME}; an interrupted export? run it again)"
+        )
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise EdgespecError(f"{path}: unreadable manifest (not valid JSON: {e})") from None
+    except (OSError, ValueError) as e:  # ValueError: not UTF-8
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise EdgespecError(f"{path}: unreadable manifest ({reason})") from None
+    if not isinstance(raw, dict):
+        kind = {list: "a JSON list", str: "a JSON string", type(None): "JSON null", bool: "a JSON boolean"}.get(
+            type(raw), "a JSON number")
+        raise EdgespecError(f"{path}: not an edgespec manifest ({kind}, expected an object)")
+    if "format" not in raw:
+        raise EdgespecError(f"{path}: not an edgespec manifest (it has no \"format\" field)")
+    if raw["format"] != FORMAT_VERSION or isinstance(raw["format"], bool):
+        raise EdgespecError(f"{path}: manifest format {_show(raw['format'])}, this edgespec reads {FORMAT_VERSION}")
+    try:
+        manifest = _manifest(raw)
+    except _Invalid as e:
+        raise EdgespecError(f"{path}: invalid manifest: {e}") from None
+    for field_name, rel, required in named_files(manifest):
+        p = inside(export_dir, rel, field_name)
+        if required and not p.is_file():
+            what = "graph " if field_name.endswith(".path") else ""
+            raise EdgespecError(f"{export_dir}: {what}{rel} is missing (incomplete or edited export; export it again)")
+    return manifest
