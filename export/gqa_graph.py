@@ -23,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgespec.errors import EdgespecError
 
-from .onnx_graph import LOGITS_KEEP, add_logits_keep, io_names, kv_shape
+from .onnx_graph import LOGITS_KEEP, add_logits_keep, kv_shape
 
 FORMAT3_ARCHITECTURES = ("qwen2", "llama")
 
@@ -78,8 +78,9 @@ class _Graph:
         return out
 
 
-def format3_problem(config) -> str | None:
-    """Why a transformers ``config`` cannot be written as a format-3 graph (a phrase), or None if it can."""
+def format3_problem(config, graph_format: int = 3) -> str | None:
+    """Why a transformers ``config`` cannot be written as a graph of ``graph_format`` 3 (or 4, which shares
+    this builder: :mod:`.grouped_graph`) (a phrase), or None if it can."""
     arch = config.model_type
     if arch not in FORMAT3_ARCHITECTURES:
         return f"graph format 3 supports {', '.join(FORMAT3_ARCHITECTURES)}, not {arch}"
@@ -90,13 +91,15 @@ def format3_problem(config) -> str | None:
     if getattr(config, "partial_rotary_factor", 1.0) != 1.0:
         return "graph format 3 needs the rotary embedding over the whole head"
     head_dim = kv_shape(config)[2]
+    if graph_format == 4:
+        return None  # plain ops: any head size (rotary needs an even one, as every rotary model has)
     if head_dim % 16:
         return f"graph format 3 needs a head size that is a multiple of 16 (onnxruntime's GroupQueryAttention), not {head_dim}"
     return None
 
 
-def _check(config) -> None:
-    why = format3_problem(config)
+def _check(config, graph_format: int = 3) -> None:
+    why = format3_problem(config, graph_format)
     if why:
         raise EdgespecError(f"{why} (export with --graph-format 2)")
 
@@ -110,39 +113,79 @@ def rotary_caches(model, length: int) -> tuple[np.ndarray, np.ndarray]:
     return (np.cos(angles) * scale).astype(np.float32), (np.sin(angles) * scale).astype(np.float32)
 
 
-def build_model(model, data: Path | None = None) -> onnx.ModelProto:
-    """The format-3 ModelProto (fp32 weights) of a transformers Qwen2/Llama causal LM; with ``data``, its
+class GQAWriter:
+    """Format 3's attention: onnxruntime's ``GroupQueryAttention`` per layer over the shared KV buffers
+    ``past_key_values.{i}.key|value`` float32 (B, kv_heads, capacity, head_dim), aliased as ``present.{i}.*``."""
+
+    graph_format = 3
+
+    def __init__(self, heads: int, kv: int, hd: int):
+        self.heads, self.kv, self.hd = heads, kv, hd
+
+    def prelude(self, g: _Graph) -> None:
+        """Lengths from the mask: total = P+T (int32 scalar), seqlens_k = total - 1 per batch row (int32 (B,))."""
+        g.init("const/one_i32", np.array([1], np.int32))
+        total64 = g.node("Shape", ["attention_mask"], "mask/Shape", start=3, end=4)[0]
+        total32 = g.node("Cast", [total64], "mask/Cast", to=TensorProto.INT32)[0]
+        self.total = g.node("Reshape", [total32, "const/scalar_shape"], "mask/total")[0]
+        batch = g.node("Shape", ["input_ids"], "mask/batch", start=0, end=1)[0]
+        last = g.node("Sub", [total32, "const/one_i32"], "mask/Sub")[0]
+        self.seqlens_k = g.node("Expand", [last, batch], "mask/seqlens_k")[0]
+        self.bias = g.node("Where", ["attention_mask", "const/zero_f", "const/min_f"], "mask/bias")[0]
+
+    def layer(self, g: _Graph, i: int, qkv: str) -> str:
+        """The attention output float32 (B, T, heads * head_dim) of layer ``i`` from its packed ``qkv``."""
+        past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
+        attn, pk, pv = g.node(
+            "GroupQueryAttention",
+            [qkv, "", "", past_k, past_v, self.seqlens_k, self.total, "rotary/cos", "rotary/sin", "position_ids",
+             self.bias],
+            f"layers.{i}/GroupQueryAttention", n_out=3, domain="com.microsoft",
+            num_heads=self.heads, kv_num_heads=self.kv, do_rotary=1, rotary_interleaved=0)
+        g.nodes.append(helper.make_node("Identity", [pk], [f"present.{i}.key"], name=f"layers.{i}/present_k"))
+        g.nodes.append(helper.make_node("Identity", [pv], [f"present.{i}.value"], name=f"layers.{i}/present_v"))
+        return attn
+
+    def finish(self, g: _Graph, layers: int) -> None:
+        """Nodes after the last layer (none here)."""
+
+    def kv_io(self, layers: int) -> tuple[list, list]:
+        """(KV graph inputs, KV graph outputs) as value infos, in layer order."""
+        F, kv, hd = TensorProto.FLOAT, self.kv, self.hd
+        ins, outs = [], []
+        for i in range(layers):
+            for kind in ("key", "value"):
+                ins.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", F, ["batch", kv, "capacity", hd]))
+                outs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", F, ["batch", kv, "capacity", hd]))
+        return ins, outs
+
+
+def build_model(model, data: Path | None = None, writer: type = GQAWriter) -> onnx.ModelProto:
+    """The ModelProto (fp32 weights) of a transformers Qwen2/Llama causal LM with the attention of ``writer``
+    (:class:`GQAWriter`: format 3; :class:`export.grouped_graph.GroupedWriter`: format 4); with ``data``, its
     large initializers are written to that file (external data next to the model) instead of held inline."""
     config = model.config
-    _check(config)
+    _check(config, writer.graph_format)
     g = _Graph(data)
     try:
-        return _build(model, g)
+        return _build(model, g, writer)
     finally:
         g.close()
 
 
-def _build(model, g: _Graph) -> onnx.ModelProto:
+def _build(model, g: _Graph, writer_cls: type) -> onnx.ModelProto:
     config = model.config
     layers, kv, hd = kv_shape(config)
     heads, eps = config.num_attention_heads, float(config.rms_norm_eps)
+    writer = writer_cls(heads, kv, hd)
     ctx = int(getattr(config, "max_position_embeddings", 4096))
-    g.init("const/one_i32", np.array([1], np.int32))
     g.init("const/zero_f", np.array(0.0, np.float32))
     g.init("const/min_f", np.array(np.finfo(np.float32).min, np.float32))
     g.init("const/scalar_shape", np.zeros((0,), np.int64))
     cos, sin = rotary_caches(model, ctx)
     g.init("rotary/cos", cos)
     g.init("rotary/sin", sin)
-
-    # lengths from the mask: total = P+T (int32 scalar), seqlens_k = total - 1 per batch row (int32 (B,))
-    total64 = g.node("Shape", ["attention_mask"], "mask/Shape", start=3, end=4)[0]
-    total32 = g.node("Cast", [total64], "mask/Cast", to=TensorProto.INT32)[0]
-    total = g.node("Reshape", [total32, "const/scalar_shape"], "mask/total")[0]
-    batch = g.node("Shape", ["input_ids"], "mask/batch", start=0, end=1)[0]
-    last = g.node("Sub", [total32, "const/one_i32"], "mask/Sub")[0]
-    seqlens_k = g.node("Expand", [last, batch], "mask/seqlens_k")[0]
-    bias = g.node("Where", ["attention_mask", "const/zero_f", "const/min_f"], "mask/bias")[0]
+    writer.prelude(g)
 
     sd = {k: v for k, v in model.state_dict().items()}
     h = g.node("Gather", [g.init("embed_tokens.weight", _np(sd["model.embed_tokens.weight"])), "input_ids"],
@@ -162,14 +205,7 @@ def _build(model, g: _Graph) -> onnx.ModelProto:
         b_qkv = (np.concatenate([_np(sd[a + f"{n}_proj.bias"]) for n in "qkv"])
                  if a + "q_proj.bias" in sd else None)
         qkv = g.matmul(x, w_qkv, f"layers.{i}.attn.qkv_proj", b_qkv)
-        past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
-        attn, pk, pv = g.node(
-            "GroupQueryAttention",
-            [qkv, "", "", past_k, past_v, seqlens_k, total, "rotary/cos", "rotary/sin", "position_ids", bias],
-            f"layers.{i}/GroupQueryAttention", n_out=3, domain="com.microsoft",
-            num_heads=heads, kv_num_heads=kv, do_rotary=1, rotary_interleaved=0)
-        g.nodes.append(helper.make_node("Identity", [pk], [f"present.{i}.key"], name=f"layers.{i}/present_k"))
-        g.nodes.append(helper.make_node("Identity", [pv], [f"present.{i}.value"], name=f"layers.{i}/present_v"))
+        attn = writer.layer(g, i, qkv)
         o_bias = _np(sd[a + "o_proj.bias"]) if a + "o_proj.bias" in sd else None
         attn_out = g.matmul(attn, _np(sd[a + "o_proj.weight"]), f"layers.{i}.attn.o_proj", o_bias)
         ln2 = g.init(f"layers.{i}.post_attention_layernorm.weight", _np(sd[p + "post_attention_layernorm.weight"]))
@@ -184,6 +220,7 @@ def _build(model, g: _Graph) -> onnx.ModelProto:
         sig = g.node("Sigmoid", [gate], f"layers.{i}/mlp/Sigmoid")[0]
         act = g.node("Mul", [g.node("Mul", [gate, sig], f"layers.{i}/mlp/silu")[0], up], f"layers.{i}/mlp/Mul")[0]
         pending = g.matmul(act, _np(sd[m + "down_proj.weight"]), f"layers.{i}.mlp.down_proj")
+    writer.finish(g, layers)
     norm = g.init("norm.weight", _np(sd["model.norm.weight"]))
     hidden = g.node("SkipSimplifiedLayerNormalization", [pending, residual, norm], "final_norm", n_out=4,
                     domain="com.microsoft", epsilon=eps)[0]
@@ -197,18 +234,16 @@ def _build(model, g: _Graph) -> onnx.ModelProto:
               helper.make_tensor_value_info("position_ids", I64, ["batch", "seq"]),
               helper.make_tensor_value_info("attention_mask", B, ["batch", 1, "seq", "total"])]
     outputs = [helper.make_tensor_value_info("logits", F, ["batch", "seq", head.shape[0]])]
-    for i in range(layers):
-        for kind in ("key", "value"):
-            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", F,
-                                                        ["batch", kv, "capacity", hd]))
-            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", F, ["batch", kv, "capacity", hd]))
-    graph = helper.make_graph(g.nodes, "edgespec-format3", inputs, outputs, g.inits)
+    kv_in, kv_out = writer.kv_io(layers)
+    inputs += kv_in
+    outputs += kv_out
+    fmt = writer.graph_format
+    graph = helper.make_graph(g.nodes, f"edgespec-format{fmt}", inputs, outputs, g.inits)
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid("com.microsoft", 1)],
                               producer_name="edgespec")
     proto.ir_version = 8
-    helper.set_model_props(proto, {"edgespec.graph_format": "3"})
-    assert [i.name for i in inputs] == io_names(layers)[0]
+    helper.set_model_props(proto, {"edgespec.graph_format": str(fmt)})
     add_logits_keep(proto)
     # a required input here: onnxruntime's IO binding cannot bind an overridable initializer
     keep = [t for t in proto.graph.initializer if t.name == LOGITS_KEEP]
@@ -216,15 +251,17 @@ def _build(model, g: _Graph) -> onnx.ModelProto:
     return proto
 
 
-def export_format3(model, out_path: Path) -> tuple[list[str], list[str]]:
-    """Write the format-3 graph of ``model`` to ``out_path`` (+ ``.data``); returns (input names, output names).
+def export_format3(model, out_path: Path, writer: type = GQAWriter) -> tuple[list[str], list[str]]:
+    """Write the format-3 graph of ``model`` (with ``writer``: its format) to ``out_path`` (+ ``.data``);
+    returns (input names, output names).
 
     Raises:
         EdgespecError: the architecture or one of its options has no format-3 graph.
     """
     out_path = Path(out_path)
-    proto = build_model(model, out_path.with_name(out_path.name + ".data"))
+    proto = build_model(model, out_path.with_name(out_path.name + ".data"), writer)
     onnx.save_model(proto, str(out_path))
+    ins = [i.name for i in proto.graph.input]
+    outs = [o.name for o in proto.graph.output]
     del proto
-    ins, outs = io_names(kv_shape(model.config)[0])
-    return ins + [LOGITS_KEEP], outs
+    return ins, outs

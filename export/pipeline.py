@@ -47,7 +47,7 @@ from .sources import Source, resolve_model, resolve_recipe_model
 # number is part of the graph cache key: bump it when that graph changes, to invalidate cached graphs.
 # GRAPH_REVISIONS changes a format's graphs without a new format (the runtime reads both revisions): it is
 # part of the key when present, so graphs of the formats it does not name keep their keys.
-GRAPH_FORMATS = (2, 3)
+GRAPH_FORMATS = (2, 3, 4)  # 4: format 3 with grouped attention over per-KV-head buffers (export/grouped_graph.py)
 GRAPH_REVISIONS = {3: 2}  # format 3, revision 2: the token embedding quantized (GatherBlockQuantized)
 EMBEDDING_BITS = {"int4": 8, "int8": 8}  # format 3 from revision 2: embedding table bits per graph precision
 DEFAULT_GRAPH_FORMAT = 3  # where the model allows it (gqa_graph.format3_problem); format 2 stays loadable
@@ -172,7 +172,7 @@ def _resolve_graph_format(t_opts: ExportOptions, d_opts: ExportOptions, t_info: 
     from .gqa_graph import format3_problem
 
     for role, o, info in (("target", t_opts, t_info), ("draft", d_opts, d_info)):
-        why = format3_problem(info.config) if o.graph_format == 3 else None
+        why = format3_problem(info.config, o.graph_format) if o.graph_format in (3, 4) else None
         if why:  # before any graph is built
             raise EdgespecError(f"{role}: {why} (export with --graph-format 2)")
     if t_opts.graph_format is not None and d_opts.graph_format is not None:
@@ -224,7 +224,12 @@ def _build(info: ModelInfo, opts: ExportOptions, role: str, final: Path) -> tupl
             model = load_weights(info, role)
             bar.set_description(f"{role}: export ONNX"); bar.update()
             fp32 = tmp / "fp32.onnx"
-            ins, outs = (export_format3 if opts.graph_format == 3 else export_onnx)(model, fp32)
+            if opts.graph_format == 4:
+                from .grouped_graph import GroupedWriter
+
+                ins, outs = export_format3(model, fp32, GroupedWriter)
+            else:
+                ins, outs = (export_format3 if opts.graph_format == 3 else export_onnx)(model, fp32)
             bar.set_description(f"{role}: validate fp32"); bar.update()
             layers, kv, hd = kv_shape(model.config)
             ids = validation_ids(info.tokenizer, QUANT_POSITIONS, info.logits_width)
@@ -247,7 +252,7 @@ def _build(info: ModelInfo, opts: ExportOptions, role: str, final: Path) -> tupl
                 quantize(fp32, ref, "fp32")  # a full-vocabulary copy: the reference for the figures below
                 prune_lm_head(fp32, kept)
                 val["pruned_vocab"] = {"size": int(len(kept)), "source": how}
-            embedding_bits = EMBEDDING_BITS.get(opts.precision) if opts.graph_format == 3 else None
+            embedding_bits = EMBEDDING_BITS.get(opts.precision) if opts.graph_format >= 3 else None
             quantize(fp32, out, opts.precision, opts.block_size, opts.accuracy_level, opts.lm_head_bits,
                      embedding_bits)
             if opts.precision != "fp32" or kept is not None:

@@ -137,13 +137,14 @@ def tiny_self_export(home, tiny_dirs, tmp_path_factory):
     return _pair(tmp_path_factory, tiny_dirs, "self", "target", None)
 
 
-@pytest.fixture(scope="session", params=[2, 3], ids=["format2", "format3"])
+@pytest.fixture(scope="session", params=[2, 3, 4], ids=["format2", "format3", "format4"])
 def export_each_format(request, home, tiny_dirs, tmp_path_factory):
-    """:func:`tiny_export` in each graph format: 2 (traced, KV concatenated) and 3 (in-place KV, fused GQA)."""
+    """:func:`tiny_export` in each graph format: 2 (traced, KV concatenated), 3 (in-place KV, fused GQA) and 4
+    (in-place per-KV-head KV, grouped attention)."""
     return _pair(tmp_path_factory, tiny_dirs, f"pair{request.param}", "draft", request.param)
 
 
-@pytest.fixture(scope="session", params=[2, 3], ids=["format2", "format3"])
+@pytest.fixture(scope="session", params=[2, 3, 4], ids=["format2", "format3", "format4"])
 def self_export_each_format(request, home, tiny_dirs, tmp_path_factory):
     """:func:`tiny_self_export` in each graph format."""
     return _pair(tmp_path_factory, tiny_dirs, f"self{request.param}", "target", request.param)

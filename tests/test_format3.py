@@ -136,8 +136,8 @@ def _edited_copy(src, dst, edit):
 
 
 def test_unknown_or_mismatched_graph_format_is_a_clear_error(exports, tmp_path):
-    newer = _edited_copy(exports[3], tmp_path / "newer", lambda r: r["target"].update(graph_format=4))
-    with pytest.raises(EdgespecError, match="graph formats up to 3"):
+    newer = _edited_copy(exports[3], tmp_path / "newer", lambda r: r["target"].update(graph_format=5))
+    with pytest.raises(EdgespecError, match="graph formats up to 4"):
         load_manifest(newer)
     lying = _edited_copy(exports[2], tmp_path / "lying", lambda r: r["target"].update(graph_format=3))
     m = load_manifest(lying)

@@ -145,8 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prune the draft's lm_head to this many frequent token ids (FR-Spec), e.g. 32768")
     p.add_argument("--force", action="store_true",
                    help="replace --out even if it is not an edgespec export or holds other files (deletes them)")
-    p.add_argument("--graph-format", type=int, choices=(2, 3), default=None,
-                   help="3: in-place KV cache and fused GroupQueryAttention; 2: the traced graph "
+    p.add_argument("--graph-format", type=int, choices=(2, 3, 4), default=None,
+                   help="3: in-place KV cache and fused GroupQueryAttention; 4: in-place per-KV-head cache and "
+                        "grouped attention (each KV head read once per query group); 2: the traced graph "
                         "(default: 3 where both models allow it — Qwen2/Llama, head size a multiple of 16 — else 2)")
     p.add_argument("--voice", action="store_true",
                    help="prepare the speech-recognition model of `edgespec voice` (Moonshine) instead of a pair")

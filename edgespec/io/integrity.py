@@ -75,7 +75,7 @@ def check_files(export_dir: Path, m: Manifest, verify: str = "auto") -> list[str
     return [rel for rel, entry in m.files.items() if check_file(export_dir / rel, entry, verify)]
 
 
-_PAST = re.compile(r"past_key_values\.(\d+)\.key")
+_PAST = re.compile(r"past_key_values\.(\d+)\.key(?:\.0)?")  # graph format 4: one input per KV head (.0 first)
 
 
 def check_graph(session, spec: GraphSpec, role: str, path: Path, feeds: list[str], fetches: list[str]) -> None:
@@ -111,7 +111,8 @@ def check_graph(session, spec: GraphSpec, role: str, path: Path, feeds: list[str
     for name in feeds:
         shape = inputs[name].shape
         for axis, what, want in ((1, "num_kv_heads", spec.num_kv_heads), (3, "head_dim", spec.head_dim)):
-            if len(shape) == 4 and isinstance(shape[axis], int) and shape[axis] != want:
+            axis = {4: axis, 2: 1 if axis == 3 else None}.get(len(shape))  # format 4: (W, head_dim) per KV head
+            if axis is not None and isinstance(shape[axis], int) and shape[axis] != want:
                 raise EdgespecError(f"{where} has {what.replace('num_', '').replace('_', ' ')} {shape[axis]} "
                                     f"in {name}, the manifest says {role}.{what} {want}")
     width = outputs["logits"].shape[-1] if outputs["logits"].shape else None

@@ -19,7 +19,7 @@ from ..errors import EdgespecError
 
 MANIFEST_NAME = "edgespec.json"
 FORMAT_VERSION = 1
-GRAPH_FORMAT = 3  # newest graph format this runtime reads (GraphSpec.graph_format)
+GRAPH_FORMAT = 4  # newest graph format this runtime reads (GraphSpec.graph_format)
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,13 @@ class GraphSpec:
     (IO binding), past and present are one buffer that the graph updates in place. Attention is onnxruntime's
     ``com.microsoft.GroupQueryAttention`` (CPU kernel with ``position_ids`` and ``attention_bias``;
     tested on onnxruntime 1.32); the mask must be causal-compatible (each query sees no later slot).
+
+    ``graph_format`` 4 keeps format 3's in-place cache with per-KV-head inputs and grouped attention
+    (``export/grouped_graph.py``; B = 1): ``past_key_values.{i}.key|value.{h}`` float32 (W, head_dim) for each
+    layer i and KV head h are the first W ≥ P rows of that head's buffer (bound by pointer); ``attention_mask``
+    is bool (1, 1, T, W+T) with the columns P..W-1 False; the output ``present`` float32
+    (2 · layers, kv_heads, T, head_dim) holds the T new rows (layer i's key at 2i, value at 2i+1), which the
+    runtime stores at rows P..P+T-1 (:class:`edgespec.io.grouped_kv.GroupedKVCache`).
     """
 
     path: str
@@ -73,7 +80,8 @@ class GraphSpec:
     output_names: tuple[str, ...]
     validation: dict[str, Any] = field(default_factory=dict)
     kept_token_ids: str | None = None  # .npy of int64 ids when the lm_head is pruned (draft only)
-    graph_format: int = 2  # 1–2: traced graph, KV concatenated per step; 3: shared KV buffer, fused attention
+    graph_format: int = 2  # 1–2: traced graph, KV concatenated per step; 3: shared KV buffer, fused attention;
+    # 4: per-KV-head shared buffers, grouped attention in plain ops
 
     def past_names(self) -> list[tuple[str, str]]:
         """``[(key_name, value_name)]`` per layer, in layer order."""

@@ -373,21 +373,34 @@ class OnnxLM:
         self.session = session
         self.vocab_limit: int | None = None  # logits columns past this are cut off (ids the tokenizer lacks)
         self.provider = short_provider_name(session.get_providers()[0])  # the execution provider in use
-        self._past = [n for pair in spec.past_names() for n in pair]
-        self._outputs = ["logits"] + [f"present.{i}.{kind}" for i in range(spec.num_layers)
-                                      for kind in ("key", "value")]
+        self.grouped = spec.graph_format == 4  # per-KV-head past inputs, one `present` output (grouped_kv.py)
+        if self.grouped:
+            from .grouped_kv import past_names
+
+            self._past, self._outputs = past_names(spec.num_layers, spec.num_kv_heads), ["logits", "present"]
+        else:
+            self._past = [n for pair in spec.past_names() for n in pair]
+            self._outputs = ["logits"] + [f"present.{i}.{kind}" for i in range(spec.num_layers)
+                                          for kind in ("key", "value")]
         # exports since graph format 2 can compute the head for the last rows only (see forward's ``keep``)
         self.has_logits_keep = any(i.name == "logits_keep" for i in session.get_overridable_initializers()
                                    + session.get_inputs())  # format 3: a required input
         self.in_place = spec.graph_format >= 3
         self._logits_at = 2 * spec.num_layers  # IO binding lists outputs in binding order: presents, then logits
-        if self.in_place and session.get_modelmeta().custom_metadata_map.get("edgespec.graph_format") != "3":
-            raise EdgespecError(f"{spec.path}: the manifest says graph format 3 but the graph is not a format-3 "
-                                "graph (export again)")
+        fmt = spec.graph_format
+        if self.in_place and session.get_modelmeta().custom_metadata_map.get("edgespec.graph_format") != str(fmt):
+            raise EdgespecError(f"{spec.path}: the manifest says graph format {fmt} but the graph is not a "
+                                f"format-{fmt} graph (export again)")
 
     def new_cache(self, capacity: int | None = None) -> KVCache | SharedKVCache:
         """An empty cache for this graph: a :class:`SharedKVCache` of ``capacity`` positions (default
-        :data:`CACHE_CAPACITY`, grown on demand) for graph format 3, else a :class:`KVCache`."""
+        :data:`CACHE_CAPACITY`, grown on demand) for graph format 3, its per-KV-head variant
+        :class:`edgespec.io.grouped_kv.GroupedKVCache` for format 4, else a :class:`KVCache`."""
+        if self.grouped:
+            from .grouped_kv import GroupedKVCache
+
+            return GroupedKVCache(self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim,
+                                  capacity or CACHE_CAPACITY, self.spec.context_length)
         if self.in_place:
             return SharedKVCache(self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim,
                                  capacity or CACHE_CAPACITY, self.spec.context_length)
@@ -411,7 +424,9 @@ class OnnxLM:
                  "attention_mask": causal_mask(p, t) if mask is None else mask}
         if keep > 0 and self.has_logits_keep:
             feeds["logits_keep"] = np.array([keep], dtype=np.int64)
-        if self.in_place:
+        if self.grouped:
+            logits = cache.run(self.session, feeds, p + t, _ALL_ROWS if self.has_logits_keep else None)
+        elif self.in_place:
             logits = self._run_in_place(feeds, cache, p + t)
         else:
             feeds.update(zip(self._past, cache.tensors))
