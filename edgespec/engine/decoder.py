@@ -22,6 +22,8 @@ from ..io.onnx_model import CPU, KVCache, OnnxLM, resolve_provider, use_shared_t
 from ..io.pages import trim_heap
 from ..core.processors import Pipeline, pipeline_for, process_rows, token_logprobs
 from ..draft import Proposer, resolve
+from ..draft.base import DraftContext
+from ..draft.model import DraftModel
 from ..core.sampling import (SamplingParams, accept_reject, follow_choices, greedy_accept, probs, sample,
                        top1_probability, verify_tree)
 from ..core.stats import GenerationStats
@@ -67,18 +69,41 @@ class SpecDecoder:
             if lm is not None and not lm.spec.kept_token_ids:
                 lm.vocab_limit = min(lm.spec.vocab_size, self.n_tokens)
         self._plain_tokenizer = None  # built on first use: a second tokenizer costs ~100 MB for Qwen's vocabulary
-        self.kept_ids = None  # int64 (N,): target ids of a pruned draft head's N outputs
+        # the draft LM with its cache, its vocabulary map and its draft-side processing (None: target only)
+        self.draft_model: DraftModel | None = DraftModel.load(draft, self.width) if draft is not None else None
+        # what proposers keep across rounds and generations, by name (the suffix tree's corpus): not reset
+        self.memory: dict = {}
         self._generation = 0  # counts generations, so that an abandoned one does not report its end late
         # the running generation's Gumbel coupling (seeded, drafter-invariant sampling), or None: proposers that
         # sample from q read it (see :mod:`.coupling`)
         self.coupling: GumbelCoupling | None = None
         # the running generation's logits processors (:mod:`.processors`) for every target and draft row, or None
-        self.processor: Pipeline | None = None
+        self.processor = None
         self.logprobs_top: int | None = None  # report emitted tokens' logprobs with this many alternatives
         self.step_logprobs: list = []  # the last prefill's or round's TokenLogprob per committed token
-        if draft is not None and draft.spec.kept_token_ids:
-            self.kept_ids = np.load(Path(draft.export_dir) / draft.spec.kept_token_ids).astype(np.int64)
         self.reset()
+
+    @property
+    def processor(self) -> Pipeline | None:
+        """The running generation's logits processors for every target and draft row, or None (setting it sets
+        the draft model's too)."""
+        return self._processor
+
+    @processor.setter
+    def processor(self, pipeline: Pipeline | None) -> None:
+        self._processor = pipeline
+        if self.draft_model is not None:
+            self.draft_model.processor = pipeline
+
+    @property
+    def dcache(self):
+        """The draft's KV cache (its :class:`~edgespec.draft.model.DraftModel`'s), or None without a draft."""
+        return self.draft_model.cache if self.draft_model is not None else None
+
+    def context(self) -> DraftContext:
+        """What the proposers see this round (:class:`~edgespec.draft.base.DraftContext`): the committed tokens,
+        the vocabulary width, the draft model, the coupling, and the decoder's memory for their own state."""
+        return DraftContext(self.tokens, self.width, self.draft_model, self.coupling, self.memory)
 
     @property
     def plain_tokenizer(self):
@@ -133,7 +158,8 @@ class SpecDecoder:
         """Forget the conversation: empty both caches."""
         self.tokens: list[int] = []
         self.tcache: KVCache = self.target.new_cache()
-        self.dcache: KVCache | None = self.draft.new_cache() if self.draft else None
+        if self.draft_model is not None:
+            self.draft_model.reset()
 
     # -- prompts ---------------------------------------------------------------------------------------
 
@@ -194,8 +220,8 @@ class SpecDecoder:
             raise ValueError(f"rewind_to: n must be in 1..{len(self.tokens)}, got {n}")
         del self.tokens[n:]
         self.tcache.crop(min(self.tcache.length, n - 1))
-        if self.dcache is not None:
-            self.dcache.crop(min(self.dcache.length, n - 1))
+        if self.draft_model is not None:
+            self.draft_model.keep(n - 1)
 
     def cache_prefix(self, ids: list[int]) -> None:
         """Prefill a prefix that later prompts share (a fixed system prompt) into both caches ahead of time,
@@ -242,34 +268,6 @@ class SpecDecoder:
         self.tokens.append(x)
         return x
 
-    def draft_probs(self, logits: np.ndarray, sp: SamplingParams, prefix=()) -> np.ndarray:
-        """q float64 (V,) over the target's vocabulary from draft logits float32 (V_d,): a pruned head maps
-        back, q = 0 outside; a head wider than the target's vocabulary is truncated. ``prefix``: the proposal
-        tokens before this row (the logits processors see ``tokens`` + ``prefix``, as for the target's row)."""
-        if self.processor is not None:
-            return probs(self._draft_processed(logits, prefix), sp)
-        if self.kept_ids is None:
-            return probs(logits, sp, self.width)
-        q = np.zeros(self.width, dtype=np.float64)
-        q[self.kept_ids] = probs(logits, sp)
-        return q
-
-    def _draft_processed(self, logits: np.ndarray, prefix) -> np.ndarray:
-        """Draft logits float32 (V_d,) on the target's ids (-inf where a pruned head has none), processed."""
-        if self.kept_ids is not None:
-            full = np.full(self.width, -np.inf, dtype=np.float32)
-            full[self.kept_ids] = logits
-            logits = full
-        return self.processor(self.tokens + list(prefix), logits)
-
-    def draft_argmax(self, logits: np.ndarray, prefix=()) -> int:
-        """The draft's greedy token as a target id (ids the target cannot take are out); ``prefix`` as for
-        :meth:`draft_probs`."""
-        if self.processor is not None:
-            return int(np.argmax(self._draft_processed(logits, prefix)))
-        best = int(np.argmax(logits if self.kept_ids is not None else logits[:self.width]))
-        return int(self.kept_ids[best]) if self.kept_ids is not None else best
-
     def run_round(self, plan: RoundPlan, sp: SamplingParams, rng: np.random.Generator,
                   coupling: GumbelCoupling | None = None) -> RoundResult:
         """One target run: plan → propose → verify → accept → roll back → catch up; commits the new tokens.
@@ -287,7 +285,7 @@ class SpecDecoder:
         L = len(self.tokens) - 1
         self.coupling = coupling if not sp.greedy else None
         # 1. propose: a token tree with its q (a chain: parents i-1; a plain step: no tokens)
-        prop = plan.proposer.propose(self, plan.size, sp, rng) if plan.size > 0 else None
+        prop = plan.proposer.propose(self.context(), plan.size, sp, rng) if plan.size > 0 else None
         tree = prop.tree if prop is not None else TokenTree()
         draft_ms = (time.perf_counter() - t0) * 1e3 if prop is not None else 0.0
         # 2. verify: the target scores `last` and every proposal token in one run → logits float32 (N+1, V)
@@ -305,8 +303,8 @@ class SpecDecoder:
         self.tokens += [tree.tokens[i] for i in path] + [x]
         # 5. catch up: a plain step may feed the draft part of what it lags (the new token stays unfed)
         catchup_ms, catchup_tokens = (prop.catchup_ms, prop.catchup_tokens) if prop is not None else (0.0, 0)
-        if prop is None and plan.catchup_tokens > 0 and self.dcache is not None:
-            catchup_ms, catchup_tokens = self._catch_up(plan.catchup_tokens)
+        if prop is None and plan.catchup_tokens > 0 and self.draft_model is not None:
+            catchup_ms, catchup_tokens = self.draft_model.catch_up(self.tokens, plan.catchup_tokens)
             draft_ms = catchup_ms
         steps = prop.draft_step_ms if prop is not None else []
         return RoundResult(
@@ -362,17 +360,8 @@ class SpecDecoder:
         proposal's first feed.
         """
         self.tcache.crop(L + 1, keep=[L + 1 + i for i in accepted_rows])
-        if self.dcache is not None:
-            self.dcache.crop(min(self.dcache.length, L + 1 + draft_kept))
-
-    def _catch_up(self, m: int) -> tuple[float, int]:
-        """5. Feed the draft up to ``m`` committed tokens it has not seen, the newest excluded; (ms, tokens)."""
-        start = self.dcache.length
-        feed = self.tokens[start:min(start + m, len(self.tokens) - 1)]
-        t0 = time.perf_counter()
-        if feed:
-            self.draft.forward(feed, self.dcache, keep=1)
-        return (time.perf_counter() - t0) * 1e3, len(feed)
+        if self.draft_model is not None:
+            self.draft_model.keep(L + 1 + draft_kept)
 
     # -- generation ------------------------------------------------------------------------------------
 
@@ -424,7 +413,8 @@ class SpecDecoder:
             return RoundPlan()
         L = len(self.tokens) - 1
         lag = L + 1 - self.dcache.length if self.dcache is not None else 0
-        offers = tuple(p.offer(self, cap) for p in proposers)
+        ctx = self.context()
+        offers = tuple(p.offer(ctx, cap) for p in proposers)
         plan = policy.choose(Situation(offers, lag, remaining))
         if plan.proposer is not None and plan.proposer not in proposers:
             return RoundPlan()  # asked for a source this generation does not use
