@@ -16,7 +16,7 @@ from ..core.coupling import GumbelCoupling
 from .generation import Generation, GenerationOptions
 from ..io.integrity import check_files, check_tokenizer, tokenizer_width
 from ..control.kpolicy import FixedK, KPolicy
-from ..core.round import RoundPlan, RoundResult, Situation
+from ..core.round import Proposal, RoundPlan, RoundResult, Situation
 from ..io.manifest import Manifest, load_manifest
 from ..io.onnx_model import CPU, KVCache, OnnxLM, resolve_provider, use_shared_thread_pool
 from ..io.pages import trim_heap
@@ -270,24 +270,24 @@ class SpecDecoder:
 
     def run_round(self, plan: RoundPlan, sp: SamplingParams, rng: np.random.Generator,
                   coupling: GumbelCoupling | None = None) -> RoundResult:
-        """One target run: plan → propose → verify → accept → roll back → catch up; commits the new tokens.
+        """One target run: propose → verify → accept → roll back → catch up; commits the new tokens.
 
-        ``coupling`` (seeded sampling, :mod:`.coupling`): every token is the race choice of its position, a
-        proposal token is accepted iff it is the target's choice; else ``rng`` drives the rule of
-        :mod:`.sampling`. Greedy ignores both.
-
-        Invariant on entry and exit: the target cache holds positions 0..L-1 of ``tokens``; ``tokens[L]``
-        (``last``) is committed but not cached; the draft cache holds 0..Ld-1 with Ld ≤ L (it lags after
-        plain steps, lookup rounds or full acceptance, and catches up in its next proposal's first feed).
-        A plan of size 0 is a plain step (an empty proposal), optionally followed by a draft catch-up.
+        ``plan`` names the proposer and its size (0: a plain step, whose proposal is empty, optionally followed
+        by a draft catch-up of ``plan.catchup_tokens``). ``coupling`` (seeded sampling, :mod:`.coupling`): every
+        token is the race choice of its position, a proposal token is accepted iff it is the target's choice;
+        else ``rng`` drives the rule of :mod:`.sampling`. Greedy ignores both.
         """
+        # Invariant on entry and exit: the target cache holds positions 0..L-1 of `tokens`; tokens[L] (`last`) is
+        # committed but not cached; the draft cache holds 0..Ld-1 with Ld ≤ L (it lags after plain steps, rounds
+        # of other proposers or full acceptance, and reads what it lags in its next proposal's first feed).
         t0 = time.perf_counter()
         L = len(self.tokens) - 1
         self.coupling = coupling if not sp.greedy else None
-        # 1. propose: a token tree with its q (a chain: parents i-1; a plain step: no tokens)
-        prop = plan.proposer.propose(self.context(), plan.size, sp, rng) if plan.size > 0 else None
-        tree = prop.tree if prop is not None else TokenTree()
-        draft_ms = (time.perf_counter() - t0) * 1e3 if prop is not None else 0.0
+        # 1. propose: a token tree with its q (a chain: parents i-1); a plain step proposes nothing
+        drafting = plan.size > 0
+        prop = plan.proposer.propose(self.context(), plan.size, sp, rng) if drafting else Proposal(TokenTree())
+        tree = prop.tree
+        draft_ms = (time.perf_counter() - t0) * 1e3 if drafting else 0.0
         # 2. verify: the target scores `last` and every proposal token in one run → logits float32 (N+1, V)
         logits = self._verify(L, tree)
         if self.processor is not None:  # the same processors as the draft's rows, per position (processors.py)
@@ -295,24 +295,23 @@ class SpecDecoder:
         # 3. accept: the rule of sampling.py — min(1, p/q) per token, a correction from norm(max(0, p - q)),
         #    or a bonus token from p after the last accepted one
         path, x = self._accept(tree, logits, sp, rng, L)
+        new = [tree.tokens[i] for i in path] + [x]
         if self.logprobs_top is not None:  # each committed token's row: the root's, then its parent node's
-            rows = [0] + [i + 1 for i in path]
-            self.step_logprobs = token_logprobs(logits[rows], [tree.tokens[i] for i in path] + [x], self.logprobs_top)
-        # 4. roll back: keep the accepted path's KV entries, then commit
-        self._roll_back(L, path, draft_kept=min(len(path), prop.draft_rows) if prop is not None else 0)
-        self.tokens += [tree.tokens[i] for i in path] + [x]
+            self.step_logprobs = token_logprobs(logits[[0] + [i + 1 for i in path]], new, self.logprobs_top)
+        # 4. roll back: keep the accepted path's KV entries (the draft: its accepted chain rows), then commit
+        self._roll_back(L, path, draft_kept=min(len(path), prop.draft_rows))
+        self.tokens += new
         # 5. catch up: a plain step may feed the draft part of what it lags (the new token stays unfed)
-        catchup_ms, catchup_tokens = (prop.catchup_ms, prop.catchup_tokens) if prop is not None else (0.0, 0)
-        if prop is None and plan.catchup_tokens > 0 and self.draft_model is not None:
-            catchup_ms, catchup_tokens = self.draft_model.catch_up(self.tokens, plan.catchup_tokens)
-            draft_ms = catchup_ms
-        steps = prop.draft_step_ms if prop is not None else []
+        if not drafting and plan.catchup_tokens > 0 and self.draft_model is not None:
+            prop.catchup_ms, prop.catchup_tokens = self.draft_model.catch_up(self.tokens, plan.catchup_tokens)
+            draft_ms = prop.catchup_ms
+        steps = prop.draft_step_ms
         return RoundResult(
-            plan=plan, tokens=[tree.tokens[i] for i in path] + [x], proposer=plan.proposer if len(tree) else None,
-            depths=tuple(tree.depth), accepted=len(path), bonus=not tree.children.get(path[-1] if path else -1),
-            draft_ms=draft_ms, round_ms=(time.perf_counter() - t0) * 1e3,
-            draft_step_ms=float(np.median(steps)) if steps else None, catchup_ms=catchup_ms,
-            catchup_tokens=catchup_tokens, logits=logits[-1] if not len(tree) else None, tree=tree, start=L)
+            plan=plan, tokens=new, proposer=plan.proposer if len(tree) else None, depths=tuple(tree.depth),
+            accepted=len(path), bonus=not tree.children.get(path[-1] if path else -1), draft_ms=draft_ms,
+            round_ms=(time.perf_counter() - t0) * 1e3, draft_step_ms=float(np.median(steps)) if steps else None,
+            catchup_ms=prop.catchup_ms, catchup_tokens=prop.catchup_tokens,
+            logits=logits[-1] if not len(tree) else None, tree=tree, start=L)
 
     def _verify(self, L: int, tree: TokenTree) -> np.ndarray:
         """2. The target's logits float32 (N+1, V) for `last` and the N proposal tokens: a chain with the
