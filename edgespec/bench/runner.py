@@ -279,7 +279,7 @@ def run_bench(export_dir: str | Path, modes: list[str], prompts: list[Prompt], m
     bar.close()
     result = {
         "export": str(export_dir), "modes": modes, "max_new_tokens": max_new_tokens, "temperature": temperature,
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": _cpus(),
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": cpus(),
                     **cpu_model(),
                     "provider": spec.target.provider, "provider_requested": provider,
                     "provider_options": provider_options or {}, "threads": threads},
@@ -340,7 +340,7 @@ def format_bench(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _cpus() -> dict:
+def cpus() -> dict:
     info = {"count": __import__("os").cpu_count()}
     try:
         text = Path("/proc/cpuinfo").read_text()

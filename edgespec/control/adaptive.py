@@ -66,6 +66,8 @@ class AdaptiveK(KPolicy):
     draft run per level.
     """
 
+    honours_budget = True
+
     def __init__(self, cost: CostModel, k_max: int = 6, latency_budget_ms: float | None = None,
                  alpha0: float = 0.7, decay: float = 0.8, hysteresis: float = 0.03, probe_every: int = 8,
                  probe_k: int = 2, lookup_alpha0: float = 0.7, tree_budgets: tuple[int, ...] = (4, 6, 8, 12),

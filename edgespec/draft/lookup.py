@@ -52,9 +52,6 @@ class PromptLookup(Proposer):
 
     name: ClassVar[str] = "lookup"
 
-    def limit(self, tokens, cap) -> int:
-        return len(ngram_lookup(tokens, cap))
-
     def offer(self, ctx, cap):
         continuation, n = ngram_match(ctx.tokens, cap)
         return Offer(self, len(continuation), n)

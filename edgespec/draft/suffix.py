@@ -137,9 +137,6 @@ class SuffixTree(Proposer):
         tree, _, n = self.candidates(ctx.tokens, cap, self.corpus(ctx))
         return Offer(self, len(tree), n)
 
-    def limit(self, tokens, cap) -> int:
-        return len(self.candidates(tokens, cap)[0]) if cap > 0 else 0
-
     def propose(self, ctx, size, sp, rng) -> Proposal:
         tree, counts, _ = self.candidates(ctx.tokens, size, self.corpus(ctx))
         if not sp.greedy and ctx.coupling is None:  # children drawn from q = the continuation frequencies,

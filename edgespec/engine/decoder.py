@@ -33,7 +33,8 @@ from ..core.token_tree import TokenTree
 PREFILL_CHUNK = 256
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """The length of the longest common prefix of two token lists."""
     n = min(len(a), len(b))
     diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
     return int(diff[0]) if len(diff) else n
@@ -223,6 +224,11 @@ class SpecDecoder:
         if self.draft_model is not None:
             self.draft_model.keep(n - 1)
 
+    def cached_tokens(self, ids: list[int]) -> int:
+        """How many leading tokens of the prompt ``ids`` the target's KV cache holds now: what a generation from
+        ``ids`` reuses rather than prefills (at most len(ids) - 1: the last prompt token is always run)."""
+        return min(common_prefix(self.tokens, ids), len(ids) - 1, self.tcache.length)
+
     def cache_prefix(self, ids: list[int]) -> None:
         """Prefill a prefix that later prompts share (a fixed system prompt) into both caches ahead of time,
         so that the next generation whose prompt starts with ``ids`` pays only for the rest, and the draft has
@@ -237,7 +243,7 @@ class SpecDecoder:
         ids = self.check_ids(ids)
         if not ids or len(ids) >= self.context_length:
             raise ValueError(f"a cached prefix needs 1..{self.context_length - 1} tokens, got {len(ids)}")
-        keep = min(_common_prefix(self.tokens, ids), len(ids) - 1)
+        keep = min(common_prefix(self.tokens, ids), len(ids) - 1)
         self.tokens = list(ids)
         for lm, cache in ((self.target, self.tcache), (self.draft, self.dcache)):
             if lm is None:
@@ -253,7 +259,7 @@ class SpecDecoder:
         and commit the first new token sampled from the last position's p (returned): drawn with ``rng``, or
         the race choice of ``coupling`` at position len(ids). Afterwards a round can start: ``tokens`` = ids +
         [token]."""
-        keep = min(_common_prefix(self.tokens, ids), len(ids) - 1)
+        keep = min(common_prefix(self.tokens, ids), len(ids) - 1)
         self.tcache.crop(keep)  # drop what the new prompt does not share
         if self.dcache is not None:
             self.dcache.crop(keep)
