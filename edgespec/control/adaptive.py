@@ -39,13 +39,12 @@ import numpy as np
 from .calibrate import CostModel
 from .kpolicy import KPolicy
 from ..core.round import RoundPlan, RoundResult, Situation
-from ..draft.base import Proposer
-from ..draft.chain import DraftChain
+from ..draft.base import PROPOSERS, Proposer
 from ..core.token_tree import TreeShape
 
 __all__ = ["AdaptiveK", "CostModel", "expected_tokens"]
 
-_DRAFT = DraftChain()  # the proposer alpha() describes by default
+_DRAFT = PROPOSERS["draft"]()  # the proposer alpha() describes by default: the draft model's chain
 
 
 def expected_tokens(k: int, alpha: float) -> float:
@@ -202,13 +201,10 @@ class AdaptiveK(KPolicy):
         return self.cost.draft_prefill_ms * self.scale("draft")
 
     def _model_ms(self, p: Proposer, k: int) -> float:
-        """The cost model's round time for proposer ``p`` with K (tree: N nodes): calibrated curves, rescaled by
-        the measured target and draft scales."""
-        verify = self.cost.t_verify(k + 1) * self.scale("target")
-        if not p.uses_draft:
-            return verify
-        draft_runs = TreeShape.for_budget(k).depth if p.tree else k
-        return verify + draft_runs * self.draft_step_ms
+        """The cost model's round time for proposer ``p`` with K (tree: N nodes) and the draft runs ``p``
+        declares for that size (:meth:`~edgespec.draft.base.Proposer.draft_runs`): calibrated curves, rescaled
+        by the measured target and draft scales."""
+        return self.cost.round_ms(k, p.draft_runs(k), self.scale("target"), self.scale("draft"))
 
     def _sample_scale(self, model: str, ratio: float) -> None:
         if np.isfinite(ratio) and ratio > 0:

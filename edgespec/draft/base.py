@@ -62,6 +62,11 @@ class Proposer:
         """The most tokens this proposer can propose now, at most ``cap`` (0: none)."""
         return cap
 
+    def draft_runs(self, size: int) -> int:
+        """How many draft-model runs a proposal of ``size`` costs (the cost model's draft term): K for a draft
+        chain, 0 for a proposer without a model."""
+        return size if self.uses_draft else 0
+
     def offer(self, ctx: DraftContext, cap: int) -> Offer:
         """This round's :class:`~edgespec.core.round.Offer` after ``ctx.tokens``: :meth:`limit`, and a ``match``
         where the proposer knows one."""

@@ -26,6 +26,10 @@ class DraftTree(Proposer):
     uses_draft: ClassVar[bool] = True
     tree: ClassVar[bool] = True
 
+    def draft_runs(self, size: int) -> int:
+        """One draft run per level of the tree shape of ``size`` nodes."""
+        return TreeShape.for_budget(size).depth
+
     def propose(self, ctx, size, sp, rng) -> Proposal:
         shape = TreeShape.for_budget(size)
         sp_tree = SamplingParams(1.0) if sp.greedy else sp
