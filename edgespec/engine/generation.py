@@ -7,6 +7,7 @@ from typing import Iterator
 
 from ..core.processors import MAX_TOP_LOGPROBS, Processing
 from ..draft import PROPOSERS, Proposer
+from .presets import DEFAULT_K
 from ..core.sampling import SamplingParams
 from ..core.stats import GenerationStats
 from ..io.text import IncrementalDetokenizer
@@ -44,7 +45,7 @@ class GenerationOptions:
     top_p: float = 1.0
     seed: int | None = None
     proposers: tuple = ("draft",)
-    k: int = 4
+    k: int = DEFAULT_K
     n_nodes: int = 8
     draft_p_min: float | None = None
     coupling: str = "auto"
