@@ -34,9 +34,9 @@ measured by :mod:`.calibrate`.
 
 from __future__ import annotations
 
-import numpy as np
 
 from .calibrate import CostModel
+from .estimators import AnswerLengths, ModelScales, RoundTimeSpread
 from .kpolicy import KPolicy
 from ..core.round import RoundPlan, RoundResult, Situation
 from ..draft.base import PROPOSERS, Proposer
@@ -81,8 +81,7 @@ class AdaptiveK(KPolicy):
         self.rounds: dict[str, int] = {}  # rounds observed per proposer over this controller's life
         # measured / calibrated time of the target's plain step and of the draft's step, newest last: their
         # medians rescale the calibrated curves, so a stale calibration corrects itself within a few rounds
-        self.scale_samples: dict[str, list[float]] = {"target": [], "draft": []}
-        self._scales: dict[str, float] = {}  # median of each model's samples, once it has any
+        self.scales = ModelScales()
         self.catchup_measured_ms: float | None = None  # per token the draft has not seen, once measured
         self.decay, self.hysteresis = decay, hysteresis
         self.probe_every, self.probe_k = probe_every, probe_k
@@ -92,22 +91,31 @@ class AdaptiveK(KPolicy):
         self.tree_budgets = tree_budgets
         self.tree_accepted: dict[str, dict[int, float]] = {}
         self.conf_sum, self.conf_n = 0.0, 0  # the target's top-1 probabilities at plain steps (this answer)
-        self.lengths: list[int] = []  # new tokens of this controller's finished answers, newest last
-        self.generated = 0  # new tokens of the current answer so far
+        self.answer = AnswerLengths()  # new tokens of this controller's finished answers and of the current one
         # recent measured / modelled round-time ratios per proposer (None: plain steps); a budget plans with p90
-        self.ratios: dict[str | None, list[float]] = {}
-        self._p90: dict[str | None, float] = {}
+        self.spread = RoundTimeSpread()
+
+    @property
+    def lengths(self) -> list[int]:
+        """New tokens of this controller's finished answers (the last 32), newest last."""
+        return self.answer.lengths
+
+    @property
+    def generated(self) -> int:
+        """New tokens of the current answer so far."""
+        return self.answer.generated
 
     # -- answer length ----------------------------------------------------------------------------------
 
     def begin(self) -> None:
         """A new answer starts (called by the decoder after its prefill)."""
-        self.generated, self.plain_run = 0, 0
+        self.answer.begin()
+        self.plain_run = 0
         self.conf_sum, self.conf_n = 0.0, 0
 
     def end(self, new_tokens: int) -> None:
         """The answer ended with ``new_tokens`` tokens; remembered (last 32) to predict later answers' length."""
-        self.lengths = (self.lengths + [int(new_tokens)])[-32:]
+        self.answer.end(new_tokens)
 
     def expected_remaining(self, horizon: int) -> float:
         """Expected new tokens still to come in this answer, at most ``horizon``.
@@ -117,10 +125,7 @@ class AdaptiveK(KPolicy):
         about n more: the rule of a scale-free length prior, and the break-even rule of rent-or-buy problems),
         so a draft whose catch-up costs C ms starts once about C / (ms saved per token) tokens are out.
         """
-        n = self.generated
-        longer = [length - n for length in self.lengths if length > n]
-        r = float(np.mean(longer)) if longer else float(max(n, 1))
-        return max(1.0, min(r, float(horizon)))
+        return self.answer.expected_remaining(horizon)
 
     # -- estimates --------------------------------------------------------------------------------------
 
@@ -179,9 +184,7 @@ class AdaptiveK(KPolicy):
         any. The draft follows the target's scale until its own steps are measured (a calibration made while
         the machine was busy is off for both). Kept up to date by :meth:`_sample_scale`: ``choose`` asks for
         it a dozen times a round."""
-        if model == "draft" and "draft" not in self._scales:
-            model = "target"
-        return self._scales.get(model, 1.0)
+        return self.scales.scale(model)
 
     @property
     def plain_ms(self) -> float:
@@ -207,9 +210,7 @@ class AdaptiveK(KPolicy):
         return self.cost.round_ms(k, p.draft_runs(k), self.scale("target"), self.scale("draft"))
 
     def _sample_scale(self, model: str, ratio: float) -> None:
-        if np.isfinite(ratio) and ratio > 0:
-            self.scale_samples[model] = (self.scale_samples[model] + [float(ratio)])[-8:]
-            self._scales[model] = float(np.median(self.scale_samples[model]))
+        self.scales.sample(model, ratio)
 
     def predicted_ms(self, p: Proposer, k: int) -> float:
         """Predicted wall time of a round (ms): K = 0 is a plain step."""
@@ -219,7 +220,7 @@ class AdaptiveK(KPolicy):
         """A pessimistic round time for budget checks: the model times the 90th percentile of recent
         measured/modelled ratios (at least the mean overhead; 1.15 before any round of ``p``)."""
         base = self.plain_ms if k == 0 else self._model_ms(p, k)
-        p90 = self._p90.get(None if k == 0 else p.name)
+        p90 = self.spread.p90(None if k == 0 else p.name)
         hi = max(p90, 1.0 if k == 0 else self.overhead.get(p.name, 1.0)) if p90 is not None else 1.15
         return base * hi
 
@@ -314,7 +315,7 @@ class AdaptiveK(KPolicy):
         target and draft scales (every plain step and verify measures t_v(N), every draft step t_d), the catch-up time
         per token (EWMA), and the answer's length so far."""
         r, p, k = result, result.proposer, result.size
-        self.generated += r.accepted + 1
+        self.answer.generated += r.accepted + 1
         catchup_ms = r.catchup_ms
         if p is not None and r.catchup_tokens > 0:  # the feed also drafted the first token
             catchup_ms = max(catchup_ms - (r.draft_step_ms or self.draft_step_ms), 0.0)
@@ -345,9 +346,8 @@ class AdaptiveK(KPolicy):
             c[1] = self.decay * c[1] + int(r.accepted < k)
 
     def _ratio(self, key: str | None, r: float) -> None:
-        self.ratios[key] = (self.ratios.get(key, []) + [r])[-16:]
-        if self.latency_budget_ms is not None:  # kept up to date here: choose() asks for it a dozen times a round
-            self._p90[key] = float(np.percentile(self.ratios[key], 90))
+        # the p90 is kept up to date only under a budget (choose() then asks for it a dozen times a round)
+        self.spread.add(key, r, tracked=self.latency_budget_ms is not None)
 
     @classmethod
     def for_decoder(cls, decoder, latency_budget_ms: float | None = None, k_max: int = 6, **kw) -> "AdaptiveK":
