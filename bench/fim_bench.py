@@ -29,7 +29,6 @@ writes ``<out>.json`` and prints the markdown table for docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -41,6 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fim_tasks import Task, score, stdlib_tasks  # noqa: E402
+from bench_cli import finish  # noqa: E402
 from llama_server import LlamaServer, PeerError, PeerMode, _post  # noqa: E402
 
 from edgespec.io import paths  # noqa: E402
@@ -307,20 +307,7 @@ def main(argv=None) -> int:
     ap.add_argument("--draft-gguf", type=Path, help="draft GGUF for llama.cpp (default: the export's source)")
     ap.add_argument("--llama-build", type=Path, help="llama.cpp cmake build dir (default: <cache>/peers/build)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/fim-stdlib"), help="writes OUT.json")
-    args = ap.parse_args(argv)
-    try:
-        result = run(args)
-    except (EdgespecError, PeerError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(args.out.name + ".json.tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(args.out.with_name(args.out.name + ".json"))
-    print(table(result))
-    print(json.dumps(result["headline"], indent=1))
-    return 0
-
+    return finish(ap.parse_args(argv), run, table)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -28,7 +28,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from llama_server import LlamaServer, PeerError, PeerMode, _post, parse_completion  # noqa: E402
+from bench_cli import finish  # noqa: E402
+from llama_server import LlamaServer, PeerMode, _post, parse_completion  # noqa: E402
 
 from edgespec.io import paths  # noqa: E402
 from edgespec.errors import EdgespecError  # noqa: E402
@@ -222,17 +223,7 @@ def main(argv=None) -> int:
     ap.add_argument("--target-gguf", type=Path, help="target GGUF for llama.cpp (default: the export's source)")
     ap.add_argument("--llama-build", type=Path, help="llama.cpp cmake build dir (default: <cache>/peers/build)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/json-output"), help="writes OUT.json")
-    args = ap.parse_args(argv)
-    try:
-        result = run(args)
-    except (EdgespecError, PeerError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_name(args.out.name + ".json").write_text(json.dumps(result, indent=1))
-    print(table(result))
-    return 0
-
+    return finish(ap.parse_args(argv), run, table)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -19,7 +19,6 @@ onnxruntime-genai is not run here: see docs/benchmarks.md ("Peers") for why.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -29,7 +28,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from llama_server import LlamaServer, PeerError, PeerMode  # noqa: E402
+from bench_cli import finish  # noqa: E402
+from llama_server import LlamaServer, PeerMode  # noqa: E402
 
 from edgespec.io import paths  # noqa: E402
 from edgespec.errors import EdgespecError  # noqa: E402
@@ -186,25 +186,28 @@ def headline(summary: dict, default_mode: str = "adaptive") -> dict:
 # ---------------------------------------------------------------- inputs
 
 
-def find_ggufs(export_dir: Path, target: Path | None = None, draft: Path | None = None) -> tuple[Path, Path]:
-    """The GGUF files an export was made from: given paths, else ``<cache>/gguf/<source_sha256>.gguf`` (where
-    ``edgespec export`` assembles the recipe's chunks), else the manifest's ``source`` path.
+def find_gguf(export_dir: Path, role: str, given: Path | None = None) -> Path:
+    """The GGUF file the export's ``role`` ("target" or "draft") was made from: ``given``, else
+    ``<cache>/gguf/<source_sha256>.gguf`` (where ``edgespec export`` assembles the recipe's chunks), else the
+    manifest's ``source`` path.
 
     Raises:
-        EdgespecError: the export is invalid, or a GGUF is not on this machine.
+        EdgespecError: the export is invalid, or the GGUF is not on this machine.
     """
     from edgespec.io.manifest import load_manifest
 
-    m = load_manifest(export_dir)
-    found = []
-    for role, given, spec in (("target", target, m.target), ("draft", draft, m.draft)):
-        cands = [given] if given else [paths.home() / "gguf" / f"{spec.source_sha256}.gguf", Path(spec.source)]
-        path = next((p for p in cands if p.is_file() and p.suffix == ".gguf"), None)
-        if path is None:
-            raise EdgespecError(f"{role} GGUF not found (tried {', '.join(map(str, cands))}); "
-                                f"run `edgespec export` or pass --{role}-gguf")
-        found.append(path)
-    return found[0], found[1]
+    spec = getattr(load_manifest(export_dir), role)
+    cands = [given] if given else [paths.home() / "gguf" / f"{spec.source_sha256}.gguf", Path(spec.source)]
+    path = next((p for p in cands if p.is_file() and p.suffix == ".gguf"), None)
+    if path is None:
+        raise EdgespecError(f"{role} GGUF not found (tried {', '.join(map(str, cands))}); "
+                            f"run `edgespec export` or pass --{role}-gguf")
+    return path
+
+
+def find_ggufs(export_dir: Path, target: Path | None = None, draft: Path | None = None) -> tuple[Path, Path]:
+    """The target's and the draft's GGUF files (:func:`find_gguf`)."""
+    return find_gguf(export_dir, "target", target), find_gguf(export_dir, "draft", draft)
 
 
 def long_prompt(encode, tokens: int) -> Prompt:
@@ -383,23 +386,14 @@ def main(argv=None) -> int:
     ap.add_argument("--llama-build", type=Path, help="llama.cpp cmake build dir (default: <cache>/peers/build)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/peers"), help="writes OUT.json and OUT.png")
     args = ap.parse_args(argv)
-    try:
-        result = run(args)
-    except (EdgespecError, PeerError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(args.out.name + ".json.tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(args.out.with_name(args.out.name + ".json"))
-    print(table(result))
-    try:  # the JSON and the table never depend on the plot (matplotlib is the `bench` extra)
-        plot(result, args.out.with_name(args.out.name + ".png"))
-    except ModuleNotFoundError as e:
-        print(f"no plot: {e.name} is not installed (pip install -e '.[bench]')", file=sys.stderr)
-    print(json.dumps(result["headline"], indent=1))
-    return 0
 
+    def plot_if_possible(result: dict) -> None:  # the JSON and the table never depend on the plot
+        try:  # matplotlib is the `bench` extra
+            plot(result, args.out.with_name(args.out.name + ".png"))
+        except ModuleNotFoundError as e:
+            print(f"no plot: {e.name} is not installed (pip install -e '.[bench]')", file=sys.stderr)
+
+    return finish(args, run, table, after=plot_if_possible)
 
 if __name__ == "__main__":
     sys.exit(main())

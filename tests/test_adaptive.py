@@ -216,17 +216,25 @@ def test_draft_catch_up_is_amortized_over_the_expected_answer_length():
     """A stretch the draft has not seen costs a catch-up; it pays only over enough expected remaining tokens."""
     pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=5.0, draft_prefill_ms=2.0), alpha0=0.75)
     assert _choose(pol, lag=1, horizon=200)[1] > 0  # nothing to catch up
-    assert _choose(pol, lag=400, horizon=10_000) == ("draft", 0)  # no history: expect as many tokens as so far
+    # no history: half of what the request still allows (20 tokens: 10, too few for 400 tokens of catch-up)
+    assert _choose(pol, lag=400, horizon=20) == ("draft", 0)
+    assert _choose(pol, lag=400, horizon=10_000)[1] > 0  # a long request: the catch-up pays over 5,000 tokens
+    pol.end(12)
+    pol.begin()
+    assert _choose(pol, lag=400, horizon=10_000) == ("draft", 0)  # the last answer ran 12 tokens
     pol.end(5000)
     pol.begin()
     assert _choose(pol, lag=400, horizon=8) == ("draft", 0)  # only 8 tokens may follow
     assert _choose(pol, lag=400, horizon=10_000)[1] > 0  # the last answer ran 5000 tokens
 
 
-def test_without_history_the_draft_starts_once_the_answer_has_run_long_enough():
-    """Rent or buy: with no earlier answers, the catch-up (40+ tokens × 20 ms) is paid once the tokens already
-    generated would have paid for it (here after about 19), so short answers never pay it."""
+def test_an_answer_longer_than_every_earlier_one_pays_the_catch_up_once_it_ran_long_enough():
+    """Rent or buy: once an answer has outlived every earlier one (here one of 3 tokens), the catch-up (40+ tokens
+    × 20 ms) is paid once the tokens already generated would have paid for it (here after about 19), so short
+    answers never pay it."""
     pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=5.0, draft_prefill_ms=20.0), alpha0=0.9)
+    pol.end(3)
+    pol.begin()
     starts = None
     for n in range(60):
         src, k = _choose(pol, lag=40 + n, horizon=1000)

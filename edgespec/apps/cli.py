@@ -97,6 +97,9 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=_nonneg_int, default=None, help="fixed draft length K (default: adaptive)")
     p.add_argument("--latency-budget-ms", type=_latency_ms, default=None,
                    help="keep each round's predicted time under this many ms (adaptive K)")
+    p.add_argument("--controller-memory", action=argparse.BooleanOptionalAction, default=True,
+                   help="adaptive K starts from what it learned in earlier runs on this device and export, and "
+                        "saves what it learns (default on; --no-controller-memory: start cold, save nothing)")
     p.add_argument("--mode", choices=("spec", "lookup", "suffix", "plain"), default="spec",
                    help="spec: draft model; lookup: prompt lookup only; suffix: suffix trees only; plain: target only")
     p.add_argument("--tree", action="store_true", help="token trees (with --k: the node budget)")
@@ -386,7 +389,8 @@ def _k_policy(a, decoder):
 
     if a.k is not None and a.latency_budget_ms is not None:
         raise EdgespecError("--k fixes K; --latency-budget-ms needs adaptive K (drop --k)")
-    return presets.k_policy(decoder, a.k, a.latency_budget_ms)
+    memory = a.command if a.controller_memory else None  # one memory per command: chat and complete answer apart
+    return presets.k_policy(decoder, a.k, a.latency_budget_ms, memory=memory)
 
 
 def _gen_kwargs(a, decoder) -> dict:

@@ -94,16 +94,30 @@ class AdaptiveK(KPolicy):
         self.answer = AnswerLengths()  # new tokens of this controller's finished answers and of the current one
         # recent measured / modelled round-time ratios per proposer (None: plain steps); a budget plans with p90
         self.spread = RoundTimeSpread()
+        self.memory_path = None  # where end() writes the learned state (for_decoder(memory=...))
 
     @property
     def lengths(self) -> list[int]:
         """New tokens of this controller's finished answers (the last 32), newest last."""
         return self.answer.lengths
 
+    @lengths.setter
+    def lengths(self, lengths: list[int]) -> None:
+        self.answer.lengths = lengths
+
     @property
     def generated(self) -> int:
         """New tokens of the current answer so far."""
         return self.answer.generated
+
+    @generated.setter
+    def generated(self, n: int) -> None:
+        self.answer.generated = n
+
+    @property
+    def scale_samples(self) -> dict[str, list[float]]:
+        """The last 8 measured / calibrated times of the target and the draft (:class:`.estimators.ModelScales`)."""
+        return self.scales.samples
 
     # -- answer length ----------------------------------------------------------------------------------
 
@@ -114,16 +128,46 @@ class AdaptiveK(KPolicy):
         self.conf_sum, self.conf_n = 0.0, 0
 
     def end(self, new_tokens: int) -> None:
-        """The answer ended with ``new_tokens`` tokens; remembered (last 32) to predict later answers' length."""
+        """The answer ended with ``new_tokens`` tokens; remembered (last 32) to predict later answers' length.
+        With a memory file (:meth:`for_decoder` with ``memory``) the learned state is written to it."""
         self.answer.end(new_tokens)
+        if self.memory_path is not None:
+            from .memory import write_state
+
+            write_state(self.memory_path, self.state())
+
+    # -- what persists ----------------------------------------------------------------------------------
+
+    def state(self) -> dict:
+        """What this controller learned, as JSON data (:mod:`.memory` validates and stores it)."""
+        from .memory import VERSION
+
+        return {"version": VERSION, "lengths": list(self.lengths),
+                "counts": {k: list(v) for k, v in self.counts.items()}, "overhead": dict(self.overhead),
+                "rounds": dict(self.rounds), "scale_samples": {k: list(v) for k, v in self.scale_samples.items()},
+                "catchup_measured_ms": self.catchup_measured_ms,
+                "tree_accepted": {k: {str(n): v for n, v in d.items()} for k, d in self.tree_accepted.items()}}
+
+    def load_state(self, state: dict) -> None:
+        """Continue from ``state`` (validated by :func:`~edgespec.control.memory.parse_state`)."""
+        self.lengths, self.counts = list(state["lengths"]), {k: list(v) for k, v in state["counts"].items()}
+        self.overhead, self.rounds = dict(state["overhead"]), dict(state["rounds"])
+        self.catchup_measured_ms = state["catchup_measured_ms"]
+        self.tree_accepted = {k: dict(d) for k, d in state["tree_accepted"].items()}
+        self.scales = ModelScales()
+        for model, samples in state["scale_samples"].items():
+            for r in samples:
+                self._sample_scale(model, r)
 
     def expected_remaining(self, horizon: int) -> float:
         """Expected new tokens still to come in this answer, at most ``horizon``.
 
-        From the earlier answers of this controller that ran longer than the current one: their mean excess.
-        Without such history, the current length itself (an answer that has run n tokens is expected to run
-        about n more: the rule of a scale-free length prior, and the break-even rule of rent-or-buy problems),
-        so a draft whose catch-up costs C ms starts once about C / (ms saved per token) tokens are out.
+        From the earlier answers of this controller (and, with ``memory``, of earlier processes on this device
+        and export) that ran longer than the current one: their mean excess; if none ran longer, the current
+        length itself (an answer that has run n tokens is expected to run about n more: the rule of a
+        scale-free length prior, and the break-even rule of rent-or-buy problems). With no answer seen at all,
+        the larger of that and half the tokens the request still allows (``horizon``: ``max_new_tokens`` less
+        those out), the mean of a length uniform up to the request's limit.
         """
         return self.answer.expected_remaining(horizon)
 
@@ -350,9 +394,21 @@ class AdaptiveK(KPolicy):
         self.spread.add(key, r, tracked=self.latency_budget_ms is not None)
 
     @classmethod
-    def for_decoder(cls, decoder, latency_budget_ms: float | None = None, k_max: int = 6, **kw) -> "AdaptiveK":
+    def for_decoder(cls, decoder, latency_budget_ms: float | None = None, k_max: int = 6,
+                    memory: str | None = None, **kw) -> "AdaptiveK":
         """A controller with ``decoder``'s calibrated cost model (measured once per device and export, see
-        :func:`~edgespec.control.calibrate.calibrate`)."""
+        :func:`~edgespec.control.calibrate.calibrate`). ``memory``: a name for the use (the CLI passes its command:
+        ``generate``, ``chat``, ``serve``, ``complete``): start from what earlier processes of that use learned on
+        this device and export, and keep it up to date (:mod:`.memory`; a missing or invalid file:
+        cold). None (the default): start cold, save nothing."""
         from .calibrate import calibrate
 
-        return cls(calibrate(decoder, k_max), k_max=k_max, latency_budget_ms=latency_budget_ms, **kw)
+        policy = cls(calibrate(decoder, k_max), k_max=k_max, latency_budget_ms=latency_budget_ms, **kw)
+        if memory:
+            from .memory import memory_path, read_state
+
+            policy.memory_path = memory_path(decoder, k_max, memory)
+            state = read_state(policy.memory_path)
+            if state is not None:
+                policy.load_state(state)
+        return policy

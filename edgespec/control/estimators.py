@@ -30,6 +30,8 @@ class AnswerLengths:
         """Expected new tokens still to come in this answer, at most ``horizon`` (see
         :meth:`~edgespec.control.adaptive.AdaptiveK.expected_remaining`)."""
         n = self.generated
+        if not self.lengths:  # no answer seen: also the request's own limit (uniform length up to it)
+            return max(1.0, min(max(float(n), horizon / 2), float(horizon)))
         longer = [length - n for length in self.lengths if length > n]
         r = float(np.mean(longer)) if longer else float(max(n, 1))
         return max(1.0, min(r, float(horizon)))

@@ -20,12 +20,13 @@ def proposers(first: tuple[str, ...] = (), draft: bool = True, tree: bool = Fals
     return tuple(first) + chain
 
 
-def k_policy(decoder, k: int | None, latency_budget_ms: float | None = None):
+def k_policy(decoder, k: int | None, latency_budget_ms: float | None = None, memory: str | None = None):
     """The K policy of a mode: None when ``k`` fixes K (the generation options' fixed K), else an adaptive
     controller (:class:`~edgespec.control.adaptive.AdaptiveK`) calibrated on ``decoder``, with the latency budget
-    ``latency_budget_ms`` (ms per round, None: none)."""
+    ``latency_budget_ms`` (ms per round, None: none) and the controller memory ``memory`` (a use's name, None:
+    start cold, save nothing; see :meth:`~edgespec.control.adaptive.AdaptiveK.for_decoder`)."""
     if k is not None:
         return None
     from ..control.adaptive import AdaptiveK
 
-    return AdaptiveK.for_decoder(decoder, latency_budget_ms=latency_budget_ms)
+    return AdaptiveK.for_decoder(decoder, latency_budget_ms=latency_budget_ms, memory=memory)
