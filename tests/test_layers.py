@@ -114,3 +114,18 @@ def test_the_check_sees_imports():
     assert "edgespec.core.sampling" in GRAPH["edgespec.core.token_tree"]
     assert "edgespec.draft.base" in GRAPH["edgespec.draft.chain"]
     assert "edgespec.io.paths" in GRAPH["edgespec.io.manifest"]  # `from . import paths`
+
+
+def test_the_flat_layout_paths_are_the_moved_modules():
+    """``edgespec.decoder`` and the other module paths of the flat layout import the moved module itself (the same
+    object: a monkeypatch of one is a monkeypatch of the other)."""
+    import importlib
+
+    from edgespec._moved import MOVED
+
+    for old, new in MOVED.items():
+        assert importlib.import_module(f"edgespec.{old}") is importlib.import_module(f"edgespec.{new}"), old
+    from edgespec.decoder import SpecDecoder
+    from edgespec.engine.decoder import SpecDecoder as moved
+
+    assert SpecDecoder is moved

@@ -29,8 +29,8 @@ class Never(Proposer):
 
     name: ClassVar[str] = "never"
 
-    def propose(self, dec, size, sp, rng) -> Proposal:
-        return Proposal(TokenTree.chain([dec.width - 1] * size))
+    def propose(self, ctx, size, sp, rng) -> Proposal:
+        return Proposal(TokenTree.chain([ctx.width - 1] * size))
 
 
 @pytest.fixture(scope="module")

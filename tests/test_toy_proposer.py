@@ -23,8 +23,8 @@ class RepeatLast(Proposer):
 
     name: ClassVar[str] = "repeat"
 
-    def propose(self, dec, size, sp, rng) -> Proposal:
-        return Proposal(TokenTree.chain([dec.tokens[-1]] * size))
+    def propose(self, ctx, size, sp, rng) -> Proposal:
+        return Proposal(TokenTree.chain([ctx.tokens[-1]] * size))
 
 
 @pytest.fixture(scope="module")

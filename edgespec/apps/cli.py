@@ -374,31 +374,32 @@ def _load(a):
 def _proposers(a) -> tuple[str, ...]:
     """--mode/--suffix/--lookup/--tree as proposers in priority order: a fixed-size tree replaces the draft
     chain, an adaptive one is offered beside it."""
+    from ..engine import presets
+
     if a.mode == "plain":
-        return ()
+        return presets.proposers(draft=False)
     if a.mode in ("lookup", "suffix"):
-        return (a.mode,)
-    chain = (("tree",) if a.k is not None else ("draft", "tree")) if a.tree else ("draft",)
-    return (("suffix",) if a.suffix else ()) + (("lookup",) if a.lookup else ()) + chain
+        return presets.proposers((a.mode,), draft=False)
+    first = (("suffix",) if a.suffix else ()) + (("lookup",) if a.lookup else ())
+    return presets.proposers(first, tree=a.tree, fixed_k=a.k is not None)
 
 
 def _k_policy(a, decoder):
     """None (fixed K from the options) or an adaptive controller."""
-    if a.k is not None:
-        if a.latency_budget_ms is not None:
-            raise EdgespecError("--k fixes K; --latency-budget-ms needs adaptive K (drop --k)")
-        return None
-    from ..control.adaptive import AdaptiveK
+    from ..engine import presets
 
+    if a.k is not None and a.latency_budget_ms is not None:
+        raise EdgespecError("--k fixes K; --latency-budget-ms needs adaptive K (drop --k)")
     memory = a.command if a.controller_memory else None  # one memory per command: chat and complete answer apart
-    return AdaptiveK.for_decoder(decoder, latency_budget_ms=a.latency_budget_ms, memory=memory)
+    return presets.k_policy(decoder, a.k, a.latency_budget_ms, memory=memory)
 
 
 def _gen_kwargs(a, decoder) -> dict:
     """Keyword arguments of :meth:`SpecDecoder.generate` for the generation flags: ``options`` and ``policy``."""
     from ..engine.generation import GenerationOptions
+    from ..engine.presets import DEFAULT_K
 
-    k = a.k if a.k is not None else 4
+    k = a.k if a.k is not None else DEFAULT_K
     options = GenerationOptions(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_k=a.top_k,
                                 top_p=a.top_p, seed=a.seed, proposers=_proposers(a), k=k, n_nodes=k,
                                 draft_p_min=a.draft_p_min, coupling=a.coupling)

@@ -10,6 +10,7 @@ target runs) or its place in the queue. Bad input is a 4xx with an OpenAI-style 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import queue
 import sys
@@ -105,30 +106,25 @@ class Engine:
                     del self._latest[job.client]
 
     def _generate(self, job: Job) -> str:
-        from ..engine.decoder import _common_prefix
-
         d = self.decoder
         queue_ms = (time.perf_counter() - job.enqueued) * 1e3
         if not job.cache_prompt:
             d.reset()
-        cached = min(_common_prefix(d.tokens, job.ids), len(job.ids) - 1, d.tcache.length)
+        cached = d.cached_tokens(job.ids)
         if job.evaluate_only:
             from .fim_serve import evaluate_only
 
             return evaluate_only(d, job, cached, queue_ms)
         policy = _policy(self.gen_kwargs)
-        saved = getattr(policy, _BUDGET_ATTR, None)
-        if job.budget_ms is not None:  # this request's budget; the controller's learning carries over
-            setattr(policy, _BUDGET_ATTR, job.budget_ms)
+        budget = policy.budget(job.budget_ms) if policy is not None else contextlib.nullcontext()
         stop_ids = d.stop_ids
         d.stop_ids = stop_ids | job.stop_ids  # this job's own end tokens (a FIM middle ends at <|file_sep|>)
         try:
-            g = d.generate(input_ids=job.ids, **{**self.gen_kwargs, **job.overrides})
-            return self._stream(job, g, cached, queue_ms)
+            with budget:  # this request's budget (None: the server's); the controller's learning carries over
+                g = d.generate(input_ids=job.ids, **{**self.gen_kwargs, **job.overrides})
+                return self._stream(job, g, cached, queue_ms)
         finally:
             d.stop_ids = stop_ids
-            if job.budget_ms is not None:
-                setattr(policy, _BUDGET_ATTR, saved)
 
     def _stream(self, job: Job, g, cached: int, queue_ms: float) -> str:
         matcher, finish = job.matcher or StopMatcher(job.stops), None
@@ -197,14 +193,10 @@ def _job_for(engine: Engine, req: Request, ids: list[int], loop) -> Job:
                logprobs=req.extras is not None and req.extras.logprobs is not None, echo=echo)
 
 
-_POLICY_KEY = "policy"  # the keyword of SpecDecoder.generate that takes the K policy
-_BUDGET_ATTR = "latency_budget_ms"  # the K policy's latency budget (ms)
-
-
 def _policy(gen_kwargs: dict):
-    """The server's adaptive K policy, or None (fixed K or plain decoding)."""
-    p = gen_kwargs.get(_POLICY_KEY)
-    return p if p is not None and hasattr(p, _BUDGET_ATTR) else None
+    """The server's K policy if it honours a latency budget (adaptive K), else None (fixed K, plain decoding)."""
+    p = gen_kwargs.get("policy")  # the keyword of SpecDecoder.generate that takes the K policy
+    return p if p is not None and p.honours_budget else None
 
 
 def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):

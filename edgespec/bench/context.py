@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .runner import Mode, _cpus, run_one
+from .runner import Mode, cpus, run_one
 from ..engine.decoder import SpecDecoder
 from .prompts import Prompt
 
@@ -89,7 +89,7 @@ def context_sweep(export_dirs: list[str | Path], contexts: list[int], modes: lis
     graph_formats = {name: dec.target.spec.graph_format for name, dec in decs.items()}
     return {"contexts": contexts, "modes": modes, "max_new_tokens": max_new_tokens, "exports": list(decs),
             "graph_formats": graph_formats, "rows": rows, "flat": flat,
-            "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": _cpus(),
+            "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": cpus(),
                         "provider": provider, "threads": threads}}
 
 

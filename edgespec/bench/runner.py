@@ -22,6 +22,7 @@ import numpy as np
 from ..control.adaptive import AdaptiveK, expected_tokens
 from ..control.calibrate import calibrate
 from ..engine.decoder import SpecDecoder
+from ..engine import presets
 from ..engine.generation import GenerationOptions
 from .progress import progress_bar
 from .prompts import Prompt
@@ -75,22 +76,19 @@ class Mode:
 
     def controller(self, dec: SpecDecoder) -> AdaptiveK:
         """A new adaptive controller for this mode on ``dec``."""
-        return AdaptiveK.for_decoder(dec, latency_budget_ms=self.budget_ms)
+        return presets.k_policy(dec, None, self.budget_ms)
 
     @property
     def proposers(self) -> tuple[str, ...]:
         """The mode's proposers in priority order (a fixed-size tree replaces the chain; an adaptive tree is
         offered beside it)."""
         if self.name == "plain":
-            return ()
-        if not self.draft:
-            return self.first
-        chain = (("tree",) if self.k is not None else ("draft", "tree")) if self.tree else ("draft",)
-        return self.first + chain
+            return presets.proposers(draft=False)
+        return presets.proposers(self.first, self.draft, self.tree, fixed_k=self.k is not None)
 
     def options(self, max_new_tokens: int, temperature: float, seed: int) -> GenerationOptions:
         """The generation options of one run of this mode (a fixed K, or the controller's)."""
-        k = self.k if self.k is not None else 4
+        k = self.k if self.k is not None else presets.DEFAULT_K
         return GenerationOptions(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                                  proposers=self.proposers, k=k, n_nodes=k)
 
@@ -279,7 +277,7 @@ def run_bench(export_dir: str | Path, modes: list[str], prompts: list[Prompt], m
     bar.close()
     result = {
         "export": str(export_dir), "modes": modes, "max_new_tokens": max_new_tokens, "temperature": temperature,
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": _cpus(),
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": cpus(),
                     **cpu_model(),
                     "provider": spec.target.provider, "provider_requested": provider,
                     "provider_options": provider_options or {}, "threads": threads},
@@ -340,7 +338,7 @@ def format_bench(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _cpus() -> dict:
+def cpus() -> dict:
     info = {"count": __import__("os").cpu_count()}
     try:
         text = Path("/proc/cpuinfo").read_text()

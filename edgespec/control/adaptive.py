@@ -34,18 +34,17 @@ measured by :mod:`.calibrate`.
 
 from __future__ import annotations
 
-import numpy as np
 
 from .calibrate import CostModel
+from .estimators import AnswerLengths, ModelScales, RoundTimeSpread
 from .kpolicy import KPolicy
 from ..core.round import RoundPlan, RoundResult, Situation
-from ..draft.base import Proposer
-from ..draft.chain import DraftChain
+from ..draft.base import PROPOSERS, Proposer
 from ..core.token_tree import TreeShape
 
 __all__ = ["AdaptiveK", "CostModel", "expected_tokens"]
 
-_DRAFT = DraftChain()  # the proposer alpha() describes by default
+_DRAFT = PROPOSERS["draft"]()  # the proposer alpha() describes by default: the draft model's chain
 
 
 def expected_tokens(k: int, alpha: float) -> float:
@@ -66,6 +65,8 @@ class AdaptiveK(KPolicy):
     draft run per level.
     """
 
+    honours_budget = True
+
     def __init__(self, cost: CostModel, k_max: int = 6, latency_budget_ms: float | None = None,
                  alpha0: float = 0.7, decay: float = 0.8, hysteresis: float = 0.03, probe_every: int = 8,
                  probe_k: int = 2, lookup_alpha0: float = 0.7, tree_budgets: tuple[int, ...] = (4, 6, 8, 12),
@@ -80,8 +81,7 @@ class AdaptiveK(KPolicy):
         self.rounds: dict[str, int] = {}  # rounds observed per proposer over this controller's life
         # measured / calibrated time of the target's plain step and of the draft's step, newest last: their
         # medians rescale the calibrated curves, so a stale calibration corrects itself within a few rounds
-        self.scale_samples: dict[str, list[float]] = {"target": [], "draft": []}
-        self._scales: dict[str, float] = {}  # median of each model's samples, once it has any
+        self.scales = ModelScales()
         self.catchup_measured_ms: float | None = None  # per token the draft has not seen, once measured
         self.decay, self.hysteresis = decay, hysteresis
         self.probe_every, self.probe_k = probe_every, probe_k
@@ -91,24 +91,46 @@ class AdaptiveK(KPolicy):
         self.tree_budgets = tree_budgets
         self.tree_accepted: dict[str, dict[int, float]] = {}
         self.conf_sum, self.conf_n = 0.0, 0  # the target's top-1 probabilities at plain steps (this answer)
-        self.lengths: list[int] = []  # new tokens of this controller's finished answers, newest last
-        self.generated = 0  # new tokens of the current answer so far
+        self.answer = AnswerLengths()  # new tokens of this controller's finished answers and of the current one
         # recent measured / modelled round-time ratios per proposer (None: plain steps); a budget plans with p90
-        self.ratios: dict[str | None, list[float]] = {}
-        self._p90: dict[str | None, float] = {}
+        self.spread = RoundTimeSpread()
         self.memory_path = None  # where end() writes the learned state (for_decoder(memory=...))
+
+    @property
+    def lengths(self) -> list[int]:
+        """New tokens of this controller's finished answers (the last 32), newest last."""
+        return self.answer.lengths
+
+    @lengths.setter
+    def lengths(self, lengths: list[int]) -> None:
+        self.answer.lengths = lengths
+
+    @property
+    def generated(self) -> int:
+        """New tokens of the current answer so far."""
+        return self.answer.generated
+
+    @generated.setter
+    def generated(self, n: int) -> None:
+        self.answer.generated = n
+
+    @property
+    def scale_samples(self) -> dict[str, list[float]]:
+        """The last 8 measured / calibrated times of the target and the draft (:class:`.estimators.ModelScales`)."""
+        return self.scales.samples
 
     # -- answer length ----------------------------------------------------------------------------------
 
     def begin(self) -> None:
         """A new answer starts (called by the decoder after its prefill)."""
-        self.generated, self.plain_run = 0, 0
+        self.answer.begin()
+        self.plain_run = 0
         self.conf_sum, self.conf_n = 0.0, 0
 
     def end(self, new_tokens: int) -> None:
         """The answer ended with ``new_tokens`` tokens; remembered (last 32) to predict later answers' length.
         With a memory file (:meth:`for_decoder` with ``memory``) the learned state is written to it."""
-        self.lengths = (self.lengths + [int(new_tokens)])[-32:]
+        self.answer.end(new_tokens)
         if self.memory_path is not None:
             from .memory import write_state
 
@@ -132,7 +154,7 @@ class AdaptiveK(KPolicy):
         self.overhead, self.rounds = dict(state["overhead"]), dict(state["rounds"])
         self.catchup_measured_ms = state["catchup_measured_ms"]
         self.tree_accepted = {k: dict(d) for k, d in state["tree_accepted"].items()}
-        self.scale_samples, self._scales = {"target": [], "draft": []}, {}
+        self.scales = ModelScales()
         for model, samples in state["scale_samples"].items():
             for r in samples:
                 self._sample_scale(model, r)
@@ -147,12 +169,7 @@ class AdaptiveK(KPolicy):
         the larger of that and half the tokens the request still allows (``horizon``: ``max_new_tokens`` less
         those out), the mean of a length uniform up to the request's limit.
         """
-        n = self.generated
-        if not self.lengths:  # no answer seen: also the request's own limit (uniform length up to it)
-            return max(1.0, min(max(float(n), horizon / 2), float(horizon)))
-        longer = [length - n for length in self.lengths if length > n]
-        r = float(np.mean(longer)) if longer else float(max(n, 1))
-        return max(1.0, min(r, float(horizon)))
+        return self.answer.expected_remaining(horizon)
 
     # -- estimates --------------------------------------------------------------------------------------
 
@@ -211,9 +228,7 @@ class AdaptiveK(KPolicy):
         any. The draft follows the target's scale until its own steps are measured (a calibration made while
         the machine was busy is off for both). Kept up to date by :meth:`_sample_scale`: ``choose`` asks for
         it a dozen times a round."""
-        if model == "draft" and "draft" not in self._scales:
-            model = "target"
-        return self._scales.get(model, 1.0)
+        return self.scales.scale(model)
 
     @property
     def plain_ms(self) -> float:
@@ -233,18 +248,13 @@ class AdaptiveK(KPolicy):
         return self.cost.draft_prefill_ms * self.scale("draft")
 
     def _model_ms(self, p: Proposer, k: int) -> float:
-        """The cost model's round time for proposer ``p`` with K (tree: N nodes): calibrated curves, rescaled by
-        the measured target and draft scales."""
-        verify = self.cost.t_verify(k + 1) * self.scale("target")
-        if not p.uses_draft:
-            return verify
-        draft_runs = TreeShape.for_budget(k).depth if p.tree else k
-        return verify + draft_runs * self.draft_step_ms
+        """The cost model's round time for proposer ``p`` with K (tree: N nodes) and the draft runs ``p``
+        declares for that size (:meth:`~edgespec.draft.base.Proposer.draft_runs`): calibrated curves, rescaled
+        by the measured target and draft scales."""
+        return self.cost.round_ms(k, p.draft_runs(k), self.scale("target"), self.scale("draft"))
 
     def _sample_scale(self, model: str, ratio: float) -> None:
-        if np.isfinite(ratio) and ratio > 0:
-            self.scale_samples[model] = (self.scale_samples[model] + [float(ratio)])[-8:]
-            self._scales[model] = float(np.median(self.scale_samples[model]))
+        self.scales.sample(model, ratio)
 
     def predicted_ms(self, p: Proposer, k: int) -> float:
         """Predicted wall time of a round (ms): K = 0 is a plain step."""
@@ -254,7 +264,7 @@ class AdaptiveK(KPolicy):
         """A pessimistic round time for budget checks: the model times the 90th percentile of recent
         measured/modelled ratios (at least the mean overhead; 1.15 before any round of ``p``)."""
         base = self.plain_ms if k == 0 else self._model_ms(p, k)
-        p90 = self._p90.get(None if k == 0 else p.name)
+        p90 = self.spread.p90(None if k == 0 else p.name)
         hi = max(p90, 1.0 if k == 0 else self.overhead.get(p.name, 1.0)) if p90 is not None else 1.15
         return base * hi
 
@@ -349,7 +359,7 @@ class AdaptiveK(KPolicy):
         target and draft scales (every plain step and verify measures t_v(N), every draft step t_d), the catch-up time
         per token (EWMA), and the answer's length so far."""
         r, p, k = result, result.proposer, result.size
-        self.generated += r.accepted + 1
+        self.answer.generated += r.accepted + 1
         catchup_ms = r.catchup_ms
         if p is not None and r.catchup_tokens > 0:  # the feed also drafted the first token
             catchup_ms = max(catchup_ms - (r.draft_step_ms or self.draft_step_ms), 0.0)
@@ -380,9 +390,8 @@ class AdaptiveK(KPolicy):
             c[1] = self.decay * c[1] + int(r.accepted < k)
 
     def _ratio(self, key: str | None, r: float) -> None:
-        self.ratios[key] = (self.ratios.get(key, []) + [r])[-16:]
-        if self.latency_budget_ms is not None:  # kept up to date here: choose() asks for it a dozen times a round
-            self._p90[key] = float(np.percentile(self.ratios[key], 90))
+        # the p90 is kept up to date only under a budget (choose() then asks for it a dozen times a round)
+        self.spread.add(key, r, tracked=self.latency_budget_ms is not None)
 
     @classmethod
     def for_decoder(cls, decoder, latency_budget_ms: float | None = None, k_max: int = 6,

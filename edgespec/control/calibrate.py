@@ -35,9 +35,13 @@ class CostModel:
         slope = (v[-1] - v[0]) / max(len(v) - 1, 1)
         return v[-1] + slope * (n - len(v))
 
-    def round_ms(self, k: int) -> float:
-        """Predicted wall time of a round with draft length K (K = 0: one plain step)."""
-        return k * self.draft_ms + self.t_verify(k + 1)
+    def round_ms(self, k: int, draft_runs: int | None = None, target_scale: float = 1.0,
+                 draft_scale: float = 1.0) -> float:
+        """Predicted wall time (ms) of a round verifying K proposal tokens (K = 0: one plain step) with
+        ``draft_runs`` one-token draft steps (default K: a draft chain; 0: no model, e.g. prompt lookup; a draft
+        tree: its depth), the target's and the draft's calibrated times scaled by their measured factors."""
+        runs = k if draft_runs is None else draft_runs
+        return self.t_verify(k + 1) * target_scale + runs * (self.draft_ms * draft_scale)
 
 
 def calibration_path(decoder, k_max: int) -> Path:

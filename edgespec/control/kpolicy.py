@@ -7,6 +7,9 @@ adaptive policy is :class:`~edgespec.control.adaptive.AdaptiveK`.
 
 from __future__ import annotations
 
+import contextlib
+from typing import ClassVar
+
 from ..core.round import Offer, RoundPlan, RoundResult, Situation
 
 __all__ = ["FixedK", "HoldPlain", "KPolicy", "KSchedule", "Offer", "RoundPlan", "RoundResult", "Situation",
@@ -20,6 +23,27 @@ class KPolicy:
     reported in the statistics."""
 
     latency_budget_ms: float | None = None
+    honours_budget: ClassVar[bool] = False  # whether ``latency_budget_ms`` changes what it plans (AdaptiveK)
+
+    @contextlib.contextmanager
+    def budget(self, ms: float | None):
+        """Within the block (one generation), plan with the latency budget ``ms`` (ms per round; None: keep
+        this policy's own), then restore the policy's own; what it learns meanwhile carries over.
+
+        Raises:
+            ValueError: a budget for a policy that does not honour one.
+        """
+        if ms is None:
+            yield self
+            return
+        if not self.honours_budget:
+            raise ValueError(f"a latency budget needs a policy that honours one (adaptive K), not "
+                             f"{type(self).__name__}")
+        saved, self.latency_budget_ms = self.latency_budget_ms, ms
+        try:
+            yield self
+        finally:
+            self.latency_budget_ms = saved
 
     def choose(self, situation: Situation) -> RoundPlan:
         raise NotImplementedError

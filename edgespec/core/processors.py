@@ -2,7 +2,7 @@
 
 A processor is a deterministic function of (the tokens before a position, that position's logits). The decoder
 applies the same processors to every target row it verifies and to every draft row it proposes from, with the
-history including the proposal prefix up to that row (:func:`process_rows`, ``SpecDecoder.draft_probs``). The
+history including the proposal prefix up to that row (:func:`process_rows`, ``DraftModel.probs``). The
 acceptance rule of :mod:`.sampling` then runs on the processed distributions, so speculative output is
 distributed exactly as plain sampling from the processed p (Leviathan et al. 2023 hold for any p and q). A
 proposal token the processors forbid has p = 0 and is rejected at once.

@@ -14,12 +14,35 @@ match, no model) and :class:`~.suffix.SuffixTree` (SuffixDecoding, no model). A 
 
 from __future__ import annotations
 
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Sequence
 
 import numpy as np
 
 from ..core.round import Offer, Proposal
 from ..core.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from ..core.coupling import GumbelCoupling
+    from .model import DraftModel
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    """What a proposer sees of its decoder in a round.
+
+    ``tokens``: the committed tokens, read-only (the last one is ``last``, not yet in the target's cache);
+    ``width``: the target's vocabulary width V (a q is float64 (V,)); ``draft``: the
+    :class:`~edgespec.draft.model.DraftModel` (None: a decoder loaded without its draft); ``coupling``: the
+    running generation's Gumbel coupling (:mod:`edgespec.core.coupling`), or None; ``memory``: a dict that lives
+    as long as the decoder, where a proposer keeps its own state across rounds and generations under its
+    ``name`` (the suffix tree's corpus)."""
+
+    tokens: Sequence[int]
+    width: int
+    draft: "DraftModel | None" = None
+    coupling: "GumbelCoupling | None" = None
+    memory: dict = field(default_factory=dict)
 
 
 class Proposer:
@@ -39,14 +62,20 @@ class Proposer:
         """The most tokens this proposer can propose now, at most ``cap`` (0: none)."""
         return cap
 
-    def offer(self, dec, cap: int) -> Offer:
-        """This round's :class:`~edgespec.core.round.Offer` after ``dec.tokens``: :meth:`limit`, and a ``match``
-        where the proposer knows one."""
-        return Offer(self, self.limit(dec.tokens, cap))
+    def draft_runs(self, size: int) -> int:
+        """How many draft-model runs a proposal of ``size`` costs (the cost model's draft term): K for a draft
+        chain, 0 for a proposer without a model."""
+        return size if self.uses_draft else 0
 
-    def propose(self, dec, size: int, sp: SamplingParams, rng: np.random.Generator) -> Proposal:
-        """Propose up to ``size`` tokens after ``dec.tokens`` (the last one is ``last``, not yet in the target
-        cache). Draft proposers may advance ``dec.dcache``; the decoder rolls it back."""
+    def offer(self, ctx: DraftContext, cap: int) -> Offer:
+        """This round's :class:`~edgespec.core.round.Offer` after ``ctx.tokens``: :meth:`limit`, and a ``match``
+        where the proposer knows one."""
+        return Offer(self, self.limit(ctx.tokens, cap))
+
+    def propose(self, ctx: DraftContext, size: int, sp: SamplingParams, rng: np.random.Generator) -> Proposal:
+        """Propose up to ``size`` ≥ 1 tokens after ``ctx.tokens``. Draft proposers advance ``ctx.draft``'s cache
+        (reading first what it lags, :meth:`~edgespec.draft.model.DraftModel.lead`) and say in
+        ``Proposal.draft_rows`` how many of its new rows are the proposal's chain; the decoder rolls it back."""
         raise NotImplementedError
 
     def __repr__(self) -> str:

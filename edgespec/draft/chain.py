@@ -30,29 +30,27 @@ class DraftChain(Proposer):
     def from_options(cls, options) -> "DraftChain":
         return cls(options.draft_p_min)
 
-    def propose(self, dec, size, sp, rng) -> Proposal:
-        feed, drafted, q = dec.tokens[dec.dcache.length:], [], []
+    def propose(self, ctx, size, sp, rng) -> Proposal:
+        draft, tokens, drafted, q = ctx.draft, ctx.tokens, [], []
         prop = Proposal(TokenTree())
         for i in range(size):
-            t0 = time.perf_counter()
-            logits = dec.draft.forward(feed, dec.dcache, keep=1)[-1]
-            ms = (time.perf_counter() - t0) * 1e3
-            if len(feed) == 1:
-                prop.draft_step_ms.append(ms)
-            else:  # the feed's time includes drafting the first token (one draft step)
-                prop.catchup_ms, prop.catchup_tokens = ms, len(feed) - 1
+            if i == 0:  # the first feed reads what the draft lags; its time includes drafting the first token
+                logits = draft.lead(tokens, prop)[-1]
+            else:
+                t0 = time.perf_counter()
+                logits = draft.forward(drafted[-1:], keep=1)[-1]
+                prop.draft_step_ms.append((time.perf_counter() - t0) * 1e3)
             # `drafted`: the proposal prefix before this row, for the logits processors (processors.py)
             if self.p_min is not None and i > 0 and \
-                    dec.draft_probs(logits, SamplingParams(1.0), drafted).max() < self.p_min:
+                    draft.probs(logits, SamplingParams(1.0), tokens, drafted).max() < self.p_min:
                 break
             if sp.greedy:
-                drafted.append(dec.draft_argmax(logits, drafted))
-            elif dec.coupling is not None:  # the draft's race choice with the target's noise at this position
-                drafted.append(dec.coupling.choose(dec.draft_probs(logits, sp, drafted), len(dec.tokens) + i))
+                drafted.append(draft.argmax(logits, tokens, drafted))
+            elif ctx.coupling is not None:  # the draft's race choice with the target's noise at this position
+                drafted.append(ctx.coupling.choose(draft.probs(logits, sp, tokens, drafted), len(tokens) + i))
             else:
-                q.append(dec.draft_probs(logits, sp, drafted))
+                q.append(draft.probs(logits, sp, tokens, drafted))
                 drafted.append(sample(q[-1], rng))
-            feed = drafted[-1:]
         prop.tree = TokenTree.chain(drafted, q or None)
         prop.draft_rows = len(drafted)
         return prop

@@ -52,12 +52,9 @@ class PromptLookup(Proposer):
 
     name: ClassVar[str] = "lookup"
 
-    def limit(self, tokens, cap) -> int:
-        return len(ngram_lookup(tokens, cap))
-
-    def offer(self, dec, cap):
-        continuation, n = ngram_match(dec.tokens, cap)
+    def offer(self, ctx, cap):
+        continuation, n = ngram_match(ctx.tokens, cap)
         return Offer(self, len(continuation), n)
 
-    def propose(self, dec, size, sp, rng) -> Proposal:
-        return Proposal(TokenTree.chain(ngram_lookup(dec.tokens, size)))
+    def propose(self, ctx, size, sp, rng) -> Proposal:
+        return Proposal(TokenTree.chain(ngram_lookup(ctx.tokens, size)))

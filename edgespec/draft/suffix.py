@@ -18,7 +18,6 @@ Sequoia multi-candidate rule of :func:`~edgespec.core.sampling.accept_candidates
 
 from __future__ import annotations
 
-import weakref
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import ClassVar
@@ -92,9 +91,6 @@ class _DecoderCorpus:
         self.live.extend(tokens)
 
 
-_CORPORA: "weakref.WeakKeyDictionary[object, _DecoderCorpus]" = weakref.WeakKeyDictionary()
-
-
 @register
 @dataclass(frozen=True)
 class SuffixTree(Proposer):
@@ -106,10 +102,12 @@ class SuffixTree(Proposer):
     name: ClassVar[str] = "suffix"
     tree: ClassVar[bool] = True
 
-    def _corpus(self, dec) -> _DecoderCorpus:
-        if dec not in _CORPORA:
-            _CORPORA[dec] = _DecoderCorpus(self.archive_tokens)
-        return _CORPORA[dec]
+    def corpus(self, ctx) -> _DecoderCorpus:
+        """The decoder's corpus, kept in its context's ``memory`` (made by the first suffix proposer to ask)."""
+        corpus = ctx.memory.get(self.name)
+        if corpus is None:
+            corpus = ctx.memory[self.name] = _DecoderCorpus(self.archive_tokens)
+        return corpus
 
     def candidates(self, tokens: list[int], cap: int, corpus: _DecoderCorpus | None = None) -> tuple[TokenTree, dict, int]:
         """The scored trie of continuations of the longest matching suffix of ``tokens``, at most ``cap``
@@ -133,20 +131,17 @@ class SuffixTree(Proposer):
         corpus.last = (key, result)
         return result
 
-    def offer(self, dec, cap):
+    def offer(self, ctx, cap):
         if cap <= 0:
             return Offer(self, 0)
-        tree, _, n = self.candidates(dec.tokens, cap, self._corpus(dec))
+        tree, _, n = self.candidates(ctx.tokens, cap, self.corpus(ctx))
         return Offer(self, len(tree), n)
 
-    def limit(self, tokens, cap) -> int:
-        return len(self.candidates(tokens, cap)[0]) if cap > 0 else 0
-
-    def propose(self, dec, size, sp, rng) -> Proposal:
-        tree, counts, _ = self.candidates(dec.tokens, size, self._corpus(dec))
-        if not sp.greedy and dec.coupling is None:  # children drawn from q = the continuation frequencies,
+    def propose(self, ctx, size, sp, rng) -> Proposal:
+        tree, counts, _ = self.candidates(ctx.tokens, size, self.corpus(ctx))
+        if not sp.greedy and ctx.coupling is None:  # children drawn from q = the continuation frequencies,
             # without replacement (under a coupling a child is kept iff it is the target's choice: order is moot)
-            tree = _resample(tree, counts, dec.width, sp, rng)
+            tree = _resample(tree, counts, ctx.width, sp, rng)
         return Proposal(tree)
 
 

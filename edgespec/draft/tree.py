@@ -26,30 +26,28 @@ class DraftTree(Proposer):
     uses_draft: ClassVar[bool] = True
     tree: ClassVar[bool] = True
 
-    def propose(self, dec, size, sp, rng) -> Proposal:
+    def draft_runs(self, size: int) -> int:
+        """One draft run per level of the tree shape of ``size`` nodes."""
+        return TreeShape.for_budget(size).depth
+
+    def propose(self, ctx, size, sp, rng) -> Proposal:
         shape = TreeShape.for_budget(size)
         sp_tree = SamplingParams(1.0) if sp.greedy else sp
-        L = len(dec.tokens) - 1
+        draft, tokens, coupling = ctx.draft, ctx.tokens, ctx.coupling
+        L = len(tokens) - 1
         tree = TokenTree()
-        feed = dec.tokens[dec.dcache.length:]
-        t0 = time.perf_counter()
-        logits = dec.draft.forward(feed, dec.dcache, keep=1)
-        ms = (time.perf_counter() - t0) * 1e3
         prop = Proposal(tree)
-        if len(feed) == 1:
-            prop.draft_step_ms.append(ms)
-        else:
-            prop.catchup_ms, prop.catchup_tokens = ms, len(feed) - 1
-        committed = dec.dcache.length  # = L + 1: everything up to and including `last`
+        logits = draft.lead(tokens, prop)  # reads what the draft lags, `last` included
+        committed = draft.cache.length  # = L + 1: everything up to and including `last`
         frontier, score, slot = [-1], {-1: 1.0}, {}
         for depth in range(1, shape.depth + 1):
             level = []
             for v, row in zip(frontier, logits):
-                q = dec.draft_probs(row, sp_tree, tree.path_tokens(v))  # the prefix, for the processors
+                q = draft.probs(row, sp_tree, tokens, tree.path_tokens(v))  # the prefix, for the processors
                 tree.q[v] = q
                 m = min(1 if q.max() >= shape.confident else shape.branch, shape.budget - len(tree))
-                if dec.coupling is not None:  # the m best of the race at this position (its choice first)
-                    kids = dec.coupling.candidates(q, L + depth, m)  # q: sp_tree is sp when sampling
+                if coupling is not None:  # the m best of the race at this position (its choice first)
+                    kids = coupling.candidates(q, L + depth, m)  # q: sp_tree is sp when sampling
                 else:
                     kids = pick_children(q, m, sp, rng)
                 for x in kids:
@@ -59,7 +57,7 @@ class DraftTree(Proposer):
             if not level or len(tree) >= shape.budget or depth == shape.depth:
                 break
             frontier = sorted(level, key=lambda c: -score[c])[:shape.width]
-            start = dec.dcache.length
+            start = draft.cache.length
             mask = np.zeros((1, 1, len(frontier), start + len(frontier)), dtype=bool)  # bool (1, 1, F, P+F)
             mask[..., :committed] = True
             for j, c in enumerate(frontier):
@@ -71,6 +69,6 @@ class DraftTree(Proposer):
                 slot[c] = start + j
             pos = np.array([L + tree.depth[c] for c in frontier], dtype=np.int64)
             t0 = time.perf_counter()
-            logits = dec.draft.forward([tree.tokens[c] for c in frontier], dec.dcache, pos, mask)
+            logits = draft.forward([tree.tokens[c] for c in frontier], pos, mask)
             prop.draft_step_ms.append((time.perf_counter() - t0) * 1e3)
         return prop

@@ -16,12 +16,14 @@ from ..core.coupling import GumbelCoupling
 from .generation import Generation, GenerationOptions
 from ..io.integrity import check_files, check_tokenizer, tokenizer_width
 from ..control.kpolicy import FixedK, KPolicy
-from ..core.round import RoundPlan, RoundResult, Situation
+from ..core.round import Proposal, RoundPlan, RoundResult, Situation
 from ..io.manifest import Manifest, load_manifest
 from ..io.onnx_model import CPU, KVCache, OnnxLM, resolve_provider, use_shared_thread_pool
 from ..io.pages import trim_heap
 from ..core.processors import Pipeline, pipeline_for, process_rows, token_logprobs
 from ..draft import Proposer, resolve
+from ..draft.base import DraftContext
+from ..draft.model import DraftModel
 from ..core.sampling import (SamplingParams, accept_reject, follow_choices, greedy_accept, probs, sample,
                        top1_probability, verify_tree)
 from ..core.stats import GenerationStats
@@ -31,7 +33,8 @@ from ..core.token_tree import TokenTree
 PREFILL_CHUNK = 256
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """The length of the longest common prefix of two token lists."""
     n = min(len(a), len(b))
     diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
     return int(diff[0]) if len(diff) else n
@@ -67,18 +70,41 @@ class SpecDecoder:
             if lm is not None and not lm.spec.kept_token_ids:
                 lm.vocab_limit = min(lm.spec.vocab_size, self.n_tokens)
         self._plain_tokenizer = None  # built on first use: a second tokenizer costs ~100 MB for Qwen's vocabulary
-        self.kept_ids = None  # int64 (N,): target ids of a pruned draft head's N outputs
+        # the draft LM with its cache, its vocabulary map and its draft-side processing (None: target only)
+        self.draft_model: DraftModel | None = DraftModel.load(draft, self.width) if draft is not None else None
+        # what proposers keep across rounds and generations, by name (the suffix tree's corpus): not reset
+        self.memory: dict = {}
         self._generation = 0  # counts generations, so that an abandoned one does not report its end late
         # the running generation's Gumbel coupling (seeded, drafter-invariant sampling), or None: proposers that
         # sample from q read it (see :mod:`.coupling`)
         self.coupling: GumbelCoupling | None = None
         # the running generation's logits processors (:mod:`.processors`) for every target and draft row, or None
-        self.processor: Pipeline | None = None
+        self.processor = None
         self.logprobs_top: int | None = None  # report emitted tokens' logprobs with this many alternatives
         self.step_logprobs: list = []  # the last prefill's or round's TokenLogprob per committed token
-        if draft is not None and draft.spec.kept_token_ids:
-            self.kept_ids = np.load(Path(draft.export_dir) / draft.spec.kept_token_ids).astype(np.int64)
         self.reset()
+
+    @property
+    def processor(self) -> Pipeline | None:
+        """The running generation's logits processors for every target and draft row, or None (setting it sets
+        the draft model's too)."""
+        return self._processor
+
+    @processor.setter
+    def processor(self, pipeline: Pipeline | None) -> None:
+        self._processor = pipeline
+        if self.draft_model is not None:
+            self.draft_model.processor = pipeline
+
+    @property
+    def dcache(self):
+        """The draft's KV cache (its :class:`~edgespec.draft.model.DraftModel`'s), or None without a draft."""
+        return self.draft_model.cache if self.draft_model is not None else None
+
+    def context(self) -> DraftContext:
+        """What the proposers see this round (:class:`~edgespec.draft.base.DraftContext`): the committed tokens,
+        the vocabulary width, the draft model, the coupling, and the decoder's memory for their own state."""
+        return DraftContext(self.tokens, self.width, self.draft_model, self.coupling, self.memory)
 
     @property
     def plain_tokenizer(self):
@@ -133,7 +159,8 @@ class SpecDecoder:
         """Forget the conversation: empty both caches."""
         self.tokens: list[int] = []
         self.tcache: KVCache = self.target.new_cache()
-        self.dcache: KVCache | None = self.draft.new_cache() if self.draft else None
+        if self.draft_model is not None:
+            self.draft_model.reset()
 
     # -- prompts ---------------------------------------------------------------------------------------
 
@@ -194,8 +221,13 @@ class SpecDecoder:
             raise ValueError(f"rewind_to: n must be in 1..{len(self.tokens)}, got {n}")
         del self.tokens[n:]
         self.tcache.crop(min(self.tcache.length, n - 1))
-        if self.dcache is not None:
-            self.dcache.crop(min(self.dcache.length, n - 1))
+        if self.draft_model is not None:
+            self.draft_model.keep(n - 1)
+
+    def cached_tokens(self, ids: list[int]) -> int:
+        """How many leading tokens of the prompt ``ids`` the target's KV cache holds now: what a generation from
+        ``ids`` reuses rather than prefills (at most len(ids) - 1: the last prompt token is always run)."""
+        return min(common_prefix(self.tokens, ids), len(ids) - 1, self.tcache.length)
 
     def cache_prefix(self, ids: list[int]) -> None:
         """Prefill a prefix that later prompts share (a fixed system prompt) into both caches ahead of time,
@@ -211,7 +243,7 @@ class SpecDecoder:
         ids = self.check_ids(ids)
         if not ids or len(ids) >= self.context_length:
             raise ValueError(f"a cached prefix needs 1..{self.context_length - 1} tokens, got {len(ids)}")
-        keep = min(_common_prefix(self.tokens, ids), len(ids) - 1)
+        keep = min(common_prefix(self.tokens, ids), len(ids) - 1)
         self.tokens = list(ids)
         for lm, cache in ((self.target, self.tcache), (self.draft, self.dcache)):
             if lm is None:
@@ -227,7 +259,7 @@ class SpecDecoder:
         and commit the first new token sampled from the last position's p (returned): drawn with ``rng``, or
         the race choice of ``coupling`` at position len(ids). Afterwards a round can start: ``tokens`` = ids +
         [token]."""
-        keep = min(_common_prefix(self.tokens, ids), len(ids) - 1)
+        keep = min(common_prefix(self.tokens, ids), len(ids) - 1)
         self.tcache.crop(keep)  # drop what the new prompt does not share
         if self.dcache is not None:
             self.dcache.crop(keep)
@@ -242,54 +274,26 @@ class SpecDecoder:
         self.tokens.append(x)
         return x
 
-    def draft_probs(self, logits: np.ndarray, sp: SamplingParams, prefix=()) -> np.ndarray:
-        """q float64 (V,) over the target's vocabulary from draft logits float32 (V_d,): a pruned head maps
-        back, q = 0 outside; a head wider than the target's vocabulary is truncated. ``prefix``: the proposal
-        tokens before this row (the logits processors see ``tokens`` + ``prefix``, as for the target's row)."""
-        if self.processor is not None:
-            return probs(self._draft_processed(logits, prefix), sp)
-        if self.kept_ids is None:
-            return probs(logits, sp, self.width)
-        q = np.zeros(self.width, dtype=np.float64)
-        q[self.kept_ids] = probs(logits, sp)
-        return q
-
-    def _draft_processed(self, logits: np.ndarray, prefix) -> np.ndarray:
-        """Draft logits float32 (V_d,) on the target's ids (-inf where a pruned head has none), processed."""
-        if self.kept_ids is not None:
-            full = np.full(self.width, -np.inf, dtype=np.float32)
-            full[self.kept_ids] = logits
-            logits = full
-        return self.processor(self.tokens + list(prefix), logits)
-
-    def draft_argmax(self, logits: np.ndarray, prefix=()) -> int:
-        """The draft's greedy token as a target id (ids the target cannot take are out); ``prefix`` as for
-        :meth:`draft_probs`."""
-        if self.processor is not None:
-            return int(np.argmax(self._draft_processed(logits, prefix)))
-        best = int(np.argmax(logits if self.kept_ids is not None else logits[:self.width]))
-        return int(self.kept_ids[best]) if self.kept_ids is not None else best
-
     def run_round(self, plan: RoundPlan, sp: SamplingParams, rng: np.random.Generator,
                   coupling: GumbelCoupling | None = None) -> RoundResult:
-        """One target run: plan → propose → verify → accept → roll back → catch up; commits the new tokens.
+        """One target run: propose → verify → accept → roll back → catch up; commits the new tokens.
 
-        ``coupling`` (seeded sampling, :mod:`.coupling`): every token is the race choice of its position, a
-        proposal token is accepted iff it is the target's choice; else ``rng`` drives the rule of
-        :mod:`.sampling`. Greedy ignores both.
-
-        Invariant on entry and exit: the target cache holds positions 0..L-1 of ``tokens``; ``tokens[L]``
-        (``last``) is committed but not cached; the draft cache holds 0..Ld-1 with Ld ≤ L (it lags after
-        plain steps, lookup rounds or full acceptance, and catches up in its next proposal's first feed).
-        A plan of size 0 is a plain step (an empty proposal), optionally followed by a draft catch-up.
+        ``plan`` names the proposer and its size (0: a plain step, whose proposal is empty, optionally followed
+        by a draft catch-up of ``plan.catchup_tokens``). ``coupling`` (seeded sampling, :mod:`.coupling`): every
+        token is the race choice of its position, a proposal token is accepted iff it is the target's choice;
+        else ``rng`` drives the rule of :mod:`.sampling`. Greedy ignores both.
         """
+        # Invariant on entry and exit: the target cache holds positions 0..L-1 of `tokens`; tokens[L] (`last`) is
+        # committed but not cached; the draft cache holds 0..Ld-1 with Ld ≤ L (it lags after plain steps, rounds
+        # of other proposers or full acceptance, and reads what it lags in its next proposal's first feed).
         t0 = time.perf_counter()
         L = len(self.tokens) - 1
         self.coupling = coupling if not sp.greedy else None
-        # 1. propose: a token tree with its q (a chain: parents i-1; a plain step: no tokens)
-        prop = plan.proposer.propose(self, plan.size, sp, rng) if plan.size > 0 else None
-        tree = prop.tree if prop is not None else TokenTree()
-        draft_ms = (time.perf_counter() - t0) * 1e3 if prop is not None else 0.0
+        # 1. propose: a token tree with its q (a chain: parents i-1); a plain step proposes nothing
+        drafting = plan.size > 0
+        prop = plan.proposer.propose(self.context(), plan.size, sp, rng) if drafting else Proposal(TokenTree())
+        tree = prop.tree
+        draft_ms = (time.perf_counter() - t0) * 1e3 if drafting else 0.0
         # 2. verify: the target scores `last` and every proposal token in one run → logits float32 (N+1, V)
         logits = self._verify(L, tree)
         if self.processor is not None:  # the same processors as the draft's rows, per position (processors.py)
@@ -297,24 +301,23 @@ class SpecDecoder:
         # 3. accept: the rule of sampling.py — min(1, p/q) per token, a correction from norm(max(0, p - q)),
         #    or a bonus token from p after the last accepted one
         path, x = self._accept(tree, logits, sp, rng, L)
+        new = [tree.tokens[i] for i in path] + [x]
         if self.logprobs_top is not None:  # each committed token's row: the root's, then its parent node's
-            rows = [0] + [i + 1 for i in path]
-            self.step_logprobs = token_logprobs(logits[rows], [tree.tokens[i] for i in path] + [x], self.logprobs_top)
-        # 4. roll back: keep the accepted path's KV entries, then commit
-        self._roll_back(L, path, draft_kept=min(len(path), prop.draft_rows) if prop is not None else 0)
-        self.tokens += [tree.tokens[i] for i in path] + [x]
+            self.step_logprobs = token_logprobs(logits[[0] + [i + 1 for i in path]], new, self.logprobs_top)
+        # 4. roll back: keep the accepted path's KV entries (the draft: its accepted chain rows), then commit
+        self._roll_back(L, path, draft_kept=min(len(path), prop.draft_rows))
+        self.tokens += new
         # 5. catch up: a plain step may feed the draft part of what it lags (the new token stays unfed)
-        catchup_ms, catchup_tokens = (prop.catchup_ms, prop.catchup_tokens) if prop is not None else (0.0, 0)
-        if prop is None and plan.catchup_tokens > 0 and self.dcache is not None:
-            catchup_ms, catchup_tokens = self._catch_up(plan.catchup_tokens)
-            draft_ms = catchup_ms
-        steps = prop.draft_step_ms if prop is not None else []
+        if not drafting and plan.catchup_tokens > 0 and self.draft_model is not None:
+            prop.catchup_ms, prop.catchup_tokens = self.draft_model.catch_up(self.tokens, plan.catchup_tokens)
+            draft_ms = prop.catchup_ms
+        steps = prop.draft_step_ms
         return RoundResult(
-            plan=plan, tokens=[tree.tokens[i] for i in path] + [x], proposer=plan.proposer if len(tree) else None,
-            depths=tuple(tree.depth), accepted=len(path), bonus=not tree.children.get(path[-1] if path else -1),
-            draft_ms=draft_ms, round_ms=(time.perf_counter() - t0) * 1e3,
-            draft_step_ms=float(np.median(steps)) if steps else None, catchup_ms=catchup_ms,
-            catchup_tokens=catchup_tokens, logits=logits[-1] if not len(tree) else None, tree=tree, start=L)
+            plan=plan, tokens=new, proposer=plan.proposer if len(tree) else None, depths=tuple(tree.depth),
+            accepted=len(path), bonus=not tree.children.get(path[-1] if path else -1), draft_ms=draft_ms,
+            round_ms=(time.perf_counter() - t0) * 1e3, draft_step_ms=float(np.median(steps)) if steps else None,
+            catchup_ms=prop.catchup_ms, catchup_tokens=prop.catchup_tokens,
+            logits=logits[-1] if not len(tree) else None, tree=tree, start=L)
 
     def _verify(self, L: int, tree: TokenTree) -> np.ndarray:
         """2. The target's logits float32 (N+1, V) for `last` and the N proposal tokens: a chain with the
@@ -362,17 +365,8 @@ class SpecDecoder:
         proposal's first feed.
         """
         self.tcache.crop(L + 1, keep=[L + 1 + i for i in accepted_rows])
-        if self.dcache is not None:
-            self.dcache.crop(min(self.dcache.length, L + 1 + draft_kept))
-
-    def _catch_up(self, m: int) -> tuple[float, int]:
-        """5. Feed the draft up to ``m`` committed tokens it has not seen, the newest excluded; (ms, tokens)."""
-        start = self.dcache.length
-        feed = self.tokens[start:min(start + m, len(self.tokens) - 1)]
-        t0 = time.perf_counter()
-        if feed:
-            self.draft.forward(feed, self.dcache, keep=1)
-        return (time.perf_counter() - t0) * 1e3, len(feed)
+        if self.draft_model is not None:
+            self.draft_model.keep(L + 1 + draft_kept)
 
     # -- generation ------------------------------------------------------------------------------------
 
@@ -424,7 +418,8 @@ class SpecDecoder:
             return RoundPlan()
         L = len(self.tokens) - 1
         lag = L + 1 - self.dcache.length if self.dcache is not None else 0
-        offers = tuple(p.offer(self, cap) for p in proposers)
+        ctx = self.context()
+        offers = tuple(p.offer(ctx, cap) for p in proposers)
         plan = policy.choose(Situation(offers, lag, remaining))
         if plan.proposer is not None and plan.proposer not in proposers:
             return RoundPlan()  # asked for a source this generation does not use

@@ -7,6 +7,7 @@ from typing import Iterator
 
 from ..core.processors import MAX_TOP_LOGPROBS, Processing
 from ..draft import PROPOSERS, Proposer
+from .presets import DEFAULT_K
 from ..core.sampling import SamplingParams
 from ..core.stats import GenerationStats
 from ..io.text import IncrementalDetokenizer
@@ -44,7 +45,7 @@ class GenerationOptions:
     top_p: float = 1.0
     seed: int | None = None
     proposers: tuple = ("draft",)
-    k: int = 4
+    k: int = DEFAULT_K
     n_nodes: int = 8
     draft_p_min: float | None = None
     coupling: str = "auto"
@@ -79,7 +80,7 @@ class GenerationOptions:
         if self.coupling not in COUPLINGS:
             raise ValueError(f"coupling must be one of {', '.join(COUPLINGS)}, got {self.coupling!r}")
         if self.processing is not None and not isinstance(self.processing, Processing):
-            raise ValueError(f"processing must be an edgespec.core.processors.Processing, got {self.processing!r}")
+            raise ValueError(f"processing must be an edgespec.processors.Processing, got {self.processing!r}")
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
                                           or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             raise ValueError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")

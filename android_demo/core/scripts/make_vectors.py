@@ -141,7 +141,7 @@ def replay_record(dec: SpecDecoder, ids: list[int], path: list[int]) -> dict:
     ids + path[:j] (the rows a correct loop uses; verify rows after a rejected draft token are never used).
     draft: the row after each such prefix and after the draft's own greedy chain of up to REPLAY_K_MAX − 1
     tokens from it (every row a draft proposal uses)."""
-    if dec.kept_ids is not None:
+    if dec.draft_model.kept_ids is not None:
         raise SystemExit("make_vectors: the replay record does not cover a pruned draft head (kept_token_ids)")
     key = lambda toks: ",".join(map(str, toks))
     target, draft = {}, {}
@@ -154,7 +154,7 @@ def replay_record(dec: SpecDecoder, ids: list[int], path: list[int]) -> dict:
         draft[key(prefix)] = _top(drow[:dec.width])
         base, chain, row = dcache.length, list(prefix), drow
         for _ in range(REPLAY_K_MAX - 1):
-            chain.append(dec.draft_argmax(row))
+            chain.append(dec.draft_model.argmax(row))
             row = dec.draft.forward(chain[-1:], dcache)[-1]
             draft[key(chain)] = _top(row[:dec.width])
         dcache.crop(base)

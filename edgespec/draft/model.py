@@ -1,0 +1,113 @@
+"""The draft model of a decoder: its graph and KV cache, its vocabulary map onto the target's ids, the running
+generation's draft-side logits processing, its catch-up and its rollback.
+
+Proposers that draft (:mod:`.chain`, :mod:`.tree`) reach it through their context
+(:attr:`~edgespec.draft.base.DraftContext.draft`); the decoder rolls it back with :meth:`DraftModel.keep` and
+catches it up with :meth:`DraftModel.catch_up`, each at one place of the round. Its cache holds positions
+0..Ld-1 of the committed tokens with Ld ≤ L, the target's length: it lags after plain steps, rounds of other
+proposers or full acceptance, and reads what it lags in the first feed of its next proposal (:meth:`lead`).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from typing import TYPE_CHECKING
+
+from ..core.round import Proposal
+from ..core.sampling import SamplingParams, probs
+
+if TYPE_CHECKING:  # annotations only: importing the drafting package needs no onnxruntime
+    from ..core.processors import Pipeline
+    from ..io.onnx_model import OnnxLM
+
+
+class DraftModel:
+    """The draft LM ``lm`` with its ``cache``; q and the greedy token are over the target's ``width`` ids.
+
+    ``kept_ids`` int64 (N,): the target ids of a pruned draft head's N outputs (None: the head is the target's
+    vocabulary, truncated to ``width``). ``processor``: the running generation's logits processors (the target's
+    own, :mod:`edgespec.core.processors`), or None; the decoder sets it for a generation's duration."""
+
+    def __init__(self, lm: OnnxLM, width: int, kept_ids: np.ndarray | None = None):
+        self.lm, self.width, self.kept_ids = lm, int(width), kept_ids
+        self.processor: Pipeline | None = None
+        self.cache = lm.new_cache()
+
+    @classmethod
+    def load(cls, lm: OnnxLM, width: int) -> "DraftModel":
+        """The draft of an export: a pruned head's ``kept_token_ids`` file is read from the export."""
+        kept = None
+        if lm.spec.kept_token_ids:
+            kept = np.load(Path(lm.export_dir) / lm.spec.kept_token_ids).astype(np.int64)
+        return cls(lm, width, kept)
+
+    def reset(self) -> None:
+        """An empty cache."""
+        self.cache = self.lm.new_cache()
+
+    def keep(self, n: int) -> None:
+        """Roll back: keep at most the first ``n`` cached positions."""
+        self.cache.crop(min(self.cache.length, n))
+
+    def forward(self, ids, positions: np.ndarray | None = None, mask: np.ndarray | None = None,
+                keep: int = 0) -> np.ndarray:
+        """The draft's logits float32 (T or ``keep``, V_d) for ``ids`` after its cache (appended to it); see
+        :meth:`~edgespec.io.onnx_model.OnnxLM.forward`."""
+        return self.lm.forward(ids, self.cache, positions, mask, keep=keep)
+
+    def lead(self, tokens: Sequence[int], prop: Proposal) -> np.ndarray:
+        """A proposal's first feed: the committed ``tokens`` the draft has not read, ``last`` included; returns
+        the last row's logits float32 (1, V_d). Its time (ms) goes to ``prop``: a one-token feed is a draft step,
+        a longer one the catch-up of all but one token (which also drafted the first token)."""
+        feed = tokens[self.cache.length:]
+        t0 = time.perf_counter()
+        logits = self.lm.forward(feed, self.cache, keep=1)
+        ms = (time.perf_counter() - t0) * 1e3
+        if len(feed) == 1:
+            prop.draft_step_ms.append(ms)
+        else:
+            prop.catchup_ms, prop.catchup_tokens = ms, len(feed) - 1
+        return logits
+
+    def catch_up(self, tokens: Sequence[int], m: int) -> tuple[float, int]:
+        """Feed up to ``m`` of the committed ``tokens`` the draft has not read, the newest excluded (it stays
+        for the next proposal's first feed); returns (ms, tokens fed)."""
+        start = self.cache.length
+        feed = tokens[start:min(start + m, len(tokens) - 1)]
+        t0 = time.perf_counter()
+        if feed:
+            self.lm.forward(feed, self.cache, keep=1)
+        return (time.perf_counter() - t0) * 1e3, len(feed)
+
+    def probs(self, logits: np.ndarray, sp: SamplingParams, tokens: Sequence[int] = (), prefix=()) -> np.ndarray:
+        """q float64 (V,) over the target's vocabulary from draft logits float32 (V_d,): a pruned head maps
+        back, q = 0 outside; a head wider than the target's vocabulary is truncated. The processors see the
+        committed ``tokens`` + ``prefix`` (the proposal tokens before this row), as for the target's row."""
+        if self.processor is not None:
+            return probs(self._processed(logits, tokens, prefix), sp)
+        if self.kept_ids is None:
+            return probs(logits, sp, self.width)
+        q = np.zeros(self.width, dtype=np.float64)
+        q[self.kept_ids] = probs(logits, sp)
+        return q
+
+    def argmax(self, logits: np.ndarray, tokens: Sequence[int] = (), prefix=()) -> int:
+        """The draft's greedy token as a target id (ids the target cannot take are out); ``tokens`` and
+        ``prefix`` as for :meth:`probs`."""
+        if self.processor is not None:
+            return int(np.argmax(self._processed(logits, tokens, prefix)))
+        best = int(np.argmax(logits if self.kept_ids is not None else logits[:self.width]))
+        return int(self.kept_ids[best]) if self.kept_ids is not None else best
+
+    def _processed(self, logits: np.ndarray, tokens: Sequence[int], prefix) -> np.ndarray:
+        """Draft logits float32 (V_d,) on the target's ids (-inf where a pruned head has none), processed."""
+        if self.kept_ids is not None:
+            full = np.full(self.width, -np.inf, dtype=np.float32)
+            full[self.kept_ids] = logits
+            logits = full
+        return self.processor(list(tokens) + list(prefix), logits)
