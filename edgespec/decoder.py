@@ -20,6 +20,7 @@ from .manifest import Manifest, load_manifest
 from .onnx_model import CPU, KVCache, OnnxLM, resolve_provider, use_shared_thread_pool
 from .pages import trim_heap
 from .processors import Pipeline, pipeline_for, process_rows, token_logprobs
+from .forced import with_grammar
 from .proposers import Proposer, resolve
 from .sampling import (SamplingParams, accept_reject, follow_choices, greedy_accept, probs, sample,
                        top1_probability, verify_tree)
@@ -376,12 +377,13 @@ class SpecDecoder:
     # -- generation ------------------------------------------------------------------------------------
 
     def proposers_for(self, options: GenerationOptions) -> list[Proposer]:
-        """The options' proposers as instances.
+        """The options' proposers as instances; under a grammar constraint a speculative generation also
+        proposes the grammar's forced tokens, first (``grammar``, :mod:`.forced`: lossless, always accepted).
 
         Raises:
             ValueError: an unknown name, or a proposer that needs the draft on a decoder loaded without it.
         """
-        proposers = [resolve(p, options) for p in options.proposers]
+        proposers = with_grammar([resolve(p, options) for p in options.proposers], options.processing)
         if self.draft is None and any(p.uses_draft for p in proposers):
             raise ValueError("this decoder was loaded without its draft; use proposers without a model "
                              "(e.g. ('lookup',)) or () for plain decoding")

@@ -231,3 +231,4 @@ class PromptLookup(Proposer):
 
 
 from . import suffix  # noqa: E402,F401  (registers "suffix": a proposer is one class plus its registration)
+from . import forced  # noqa: E402,F401  (registers "grammar": the forced tokens of a constraint)
