@@ -170,3 +170,31 @@ def test_the_token_after_a_forced_run_follows_the_masked_p(dec):
     rng = np.random.default_rng(0)
     noise = np.mean([0.5 * np.abs(rng.multinomial(draws, p) / draws - p).sum() for _ in range(20)])
     assert 0.5 * np.abs(counts / draws - p).sum() < 3 * noise + 0.01
+
+
+@pytest.mark.parametrize("body", [
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}}},
+    {"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+        "additionalProperties": False}}}], "tool_choice": "required"}], ids=["response_format", "tool_call"])
+def test_the_servers_default_mode_proposes_the_forced_tokens(tiny_tool_export, home, body):
+    """What ``edgespec serve`` runs for a constrained request (its default flags' options and controller, the
+    request's overrides): the grammar's forced tokens are proposed and all accepted, the output that of plain."""
+    from edgespec.cli import _gen_kwargs, build_parser
+    from edgespec.openai_fields import parse_extras
+    from edgespec.serve_fields import generation_overrides
+
+    d = SpecDecoder.load(tiny_tool_export)
+    kw = _gen_kwargs(build_parser().parse_args(["serve", str(tiny_tool_export), "--max-new-tokens", "120"]), d)
+    x = parse_extras(body, chat=True)
+    over = generation_overrides(d, x)
+    assert over["processing"].constraint is not None
+    ids = d.encode(messages=[{"role": "user", "content": "identifier and weather, as JSON"}],
+                   tools=list(x.tools) if x.tools else None)
+    d.reset()
+    g = d.generate(input_ids=ids, **kw, **over).run()
+    d.reset()
+    plain = d.generate(input_ids=ids, options=kw["options"], proposers=(), **over).run()
+    assert g.token_ids == plain.token_ids
+    s = g.stats.proposers["grammar"]
+    assert s.rounds > 0 and s.accepted == s.proposed
