@@ -6,6 +6,7 @@ the set of tokens that may come next. :class:`Matcher` follows the generated tok
 generated so far (proposal prefix included); it rolls its llguidance matcher back to their common prefix with
 what it consumed before and consumes the rest, so it rolls back with the KV cache without being told. Masks are
 cached per prefix: the draft's row and the target's row after the same prefix cost one mask.
+:meth:`Matcher.forced` gives the run of tokens the grammar forces after a prefix (what :mod:`.forced` proposes).
 
 The runtime imports llguidance only when a constraint is used; without it a constraint is refused with a
 ValueError naming the package.
