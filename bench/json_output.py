@@ -1,8 +1,9 @@
 """JSON-schema output speed: edgespec plain vs its default mode vs llama.cpp with the same schema, in one run.
 
 Each task is a chat prompt and a JSON Schema; every configuration decodes it greedily under the schema:
-edgespec ``plain`` and ``adaptive+lookup`` (what ``chat``/``generate``/``serve`` run by default) with the grammar
-mask (llguidance) on the target's p and the draft's q, and llama.cpp's ``llama-server`` (plain) with the schema
+edgespec ``plain`` and ``adaptive+lookup`` (what ``chat``/``generate``/``serve`` run by default; under a schema
+the decoder puts the ``grammar`` proposer first, which proposes the schema's forced tokens: edgespec/forced.py)
+with the grammar mask (llguidance) on the target's p and the draft's q, and llama.cpp's ``llama-server`` (plain) with the schema
 as its ``json_schema`` field (llama.cpp turns it into its own grammar). The prompt token ids are the same for
 both (edgespec's tokenizer and chat template); the order of the configurations rotates per task and repeats
 are interleaved, so a slow stretch of a shared machine hits all alike. Rates are decode tok/s (the first token,
@@ -99,7 +100,8 @@ class EdgespecRunner:
         s = g.stats
         return {"new_tokens": s.new_tokens, "decode_tok_s": s.decode_tokens_per_s, "e2e_tok_s": s.tokens_per_s,
                 "alpha": s.alpha if options.proposers else None, "stop": s.stop_reason, "text": g.text,
-                "tokens": g.token_ids}
+                "tokens": g.token_ids, "plain_steps": s.plain_steps,
+                "proposers": {name: dataclasses.asdict(ps) for name, ps in s.proposers.items()}}
 
 
 class LlamaRunner:

@@ -56,6 +56,12 @@ def test_json_bench_on_the_tiny_pair_with_a_fake_server(tiny_export, home, tmp_p
         if r["runtime"] == "edgespec" and r["stop"] == "stop_token":
             assert r["valid"]  # a finished constrained output always validates
     edgespec = [r for r in res["runs"] if r["runtime"] == "edgespec"]
+    default = next(r for r in edgespec if r["mode"] == "adaptive+lookup")
+    assert set(default["proposers"]) <= {"grammar", "lookup", "draft"} and default["plain_steps"] >= 0
+    for ps in default["proposers"].values():
+        assert 0 <= ps["accepted"] <= ps["proposed"]
+    grammar = default["proposers"]["grammar"]  # the default mode proposes the schema's forced tokens
+    assert grammar["rounds"] > 0 and grammar["accepted"] == grammar["proposed"]  # always accepted
     assert edgespec[0]["tokens"] == edgespec[1]["tokens"]  # greedy: default mode == plain under the grammar
     assert "| llama.cpp | plain |" in capsys.readouterr().out
     assert json_output.main([str(tiny_export), "--modes", "adaptive", "--no-llama", "--out", str(out)]) == 1

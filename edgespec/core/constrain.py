@@ -6,6 +6,7 @@ the set of tokens that may come next. :class:`Matcher` follows the generated tok
 generated so far (proposal prefix included); it rolls its llguidance matcher back to their common prefix with
 what it consumed before and consumes the rest, so it rolls back with the KV cache without being told. Masks are
 cached per prefix: the draft's row and the target's row after the same prefix cost one mask.
+:meth:`Matcher.forced` gives the run of tokens the grammar forces after a prefix (what :mod:`.forced` proposes).
 
 The runtime imports llguidance only when a constraint is used; without it a constraint is refused with a
 ValueError naming the package.
@@ -25,6 +26,7 @@ import numpy as np
 JSON_WHITESPACE = r"[ ]?|\n[ \t]{0,20}"
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 MASK_CACHE = 64  # masks kept (one per token prefix)
+FORCED_MAX = 16  # the longest forced run :meth:`Matcher.forced` looks for
 LABELS = {"json_schema": "JSON schema", "json_object": "JSON object", "tool_calls": "tool call", "lark": "Lark grammar"}
 
 
@@ -143,6 +145,7 @@ class Matcher:
                              f"{self.m.get_error().splitlines()[0]}")
         self.consumed: list[int] = []
         self.cache: OrderedDict[tuple, np.ndarray] = OrderedDict()
+        self.forced_cache: OrderedDict[tuple, tuple[list[int], bool]] = OrderedDict()
 
     def _follow(self, generated: Sequence[int]) -> bool:
         """Roll back and consume so that the matcher has consumed ``generated``; False if the grammar refuses
@@ -184,3 +187,35 @@ class Matcher:
         if len(self.cache) > MASK_CACHE:
             self.cache.popitem(last=False)
         return mask
+
+    def forced(self, generated: Sequence[int], limit: int = FORCED_MAX) -> list[int]:
+        """The tokens the grammar forces after ``generated``: the longest run (at most ``limit``, ≤
+        :data:`FORCED_MAX`) of positions whose mask allows exactly one token, each after ``generated`` and the
+        run before it; it ends after a stop token. [] when the next position has a choice (or ``generated``
+        left the grammar).
+
+        Under the mask p of each such token is 1, so proposed as a fixed proposal (one-hot q) it is accepted
+        with probability 1. The masks it reads are the ones verifying the run needs (cached, :meth:`allowed`),
+        so it costs no extra mask. (Stricter than llguidance's ``compute_ff_tokens``, the canonical
+        tokenization of the forced bytes, which another tokenization of the same bytes may contradict.)"""
+        limit = min(int(limit), FORCED_MAX)
+        key = tuple(generated)
+        hit = self.forced_cache.get(key)  # (run, whether it ended before its limit)
+        if hit is not None and (hit[1] or len(hit[0]) >= limit):
+            self.forced_cache.move_to_end(key)
+            return hit[0][:limit]
+        run, prefix, ended = [], list(key), False
+        while len(run) < limit:
+            mask = self.allowed(prefix + run)
+            one = np.flatnonzero(mask) if mask is not None else ()
+            if len(one) != 1:
+                ended = True
+                break
+            run.append(int(one[0]))
+            if run[-1] in self.stop_ids:
+                ended = True
+                break
+        self.forced_cache[key] = (run, ended)
+        if len(self.forced_cache) > MASK_CACHE:
+            self.forced_cache.popitem(last=False)
+        return list(run)

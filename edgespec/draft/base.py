@@ -24,6 +24,7 @@ from ..core.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from ..core.coupling import GumbelCoupling
+    from ..core.processors import Pipeline
     from .model import DraftModel
 
 
@@ -36,13 +37,16 @@ class DraftContext:
     :class:`~edgespec.draft.model.DraftModel` (None: a decoder loaded without its draft); ``coupling``: the
     running generation's Gumbel coupling (:mod:`edgespec.core.coupling`), or None; ``memory``: a dict that lives
     as long as the decoder, where a proposer keeps its own state across rounds and generations under its
-    ``name`` (the suffix tree's corpus)."""
+    ``name`` (the suffix tree's corpus); ``processor``: the running generation's logits processors
+    (:class:`~edgespec.core.processors.Pipeline`: penalties, logit bias, a grammar's mask), or None (the grammar
+    proposer reads its constraint's forced tokens there)."""
 
     tokens: Sequence[int]
     width: int
     draft: "DraftModel | None" = None
     coupling: "GumbelCoupling | None" = None
     memory: dict = field(default_factory=dict)
+    processor: "Pipeline | None" = None
 
 
 class Proposer:

@@ -23,6 +23,7 @@ from ..io.pages import trim_heap
 from ..core.processors import Pipeline, pipeline_for, process_rows, token_logprobs
 from ..draft import Proposer, resolve
 from ..draft.base import DraftContext
+from ..draft.grammar import with_grammar
 from ..draft.model import DraftModel
 from ..core.sampling import (SamplingParams, accept_reject, follow_choices, greedy_accept, probs, sample,
                        top1_probability, verify_tree)
@@ -104,7 +105,7 @@ class SpecDecoder:
     def context(self) -> DraftContext:
         """What the proposers see this round (:class:`~edgespec.draft.base.DraftContext`): the committed tokens,
         the vocabulary width, the draft model, the coupling, and the decoder's memory for their own state."""
-        return DraftContext(self.tokens, self.width, self.draft_model, self.coupling, self.memory)
+        return DraftContext(self.tokens, self.width, self.draft_model, self.coupling, self.memory, self.processor)
 
     @property
     def plain_tokenizer(self):
@@ -371,12 +372,14 @@ class SpecDecoder:
     # -- generation ------------------------------------------------------------------------------------
 
     def proposers_for(self, options: GenerationOptions) -> list[Proposer]:
-        """The options' proposers as instances.
+        """The options' proposers as instances; under a grammar constraint a speculative generation also
+        proposes the grammar's forced tokens, first (``grammar``, :mod:`edgespec.draft.grammar`: lossless,
+        always accepted).
 
         Raises:
             ValueError: an unknown name, or a proposer that needs the draft on a decoder loaded without it.
         """
-        proposers = [resolve(p, options) for p in options.proposers]
+        proposers = with_grammar([resolve(p, options) for p in options.proposers], options.processing)
         if self.draft is None and any(p.uses_draft for p in proposers):
             raise ValueError("this decoder was loaded without its draft; use proposers without a model "
                              "(e.g. ('lookup',)) or () for plain decoding")

@@ -26,8 +26,9 @@ class GenerationOptions:
     ``n_nodes``. ``draft_p_min`` stops a draft chain once the draft's top probability falls below it.
     ``temperature`` 0 is greedy; ``top_k`` 0 and ``top_p`` 1 are off. ``processing``
     (:class:`~edgespec.core.processors.Processing`: penalties, logit bias, a grammar constraint) changes the logits of
-    the target and the draft alike before sampling. ``logprobs`` (None: off; 0..20) records each emitted token's
-    logprob and that many alternatives in ``stats.token_logprobs``.
+    the target and the draft alike before sampling; under its grammar constraint a speculative generation also
+    proposes the grammar's forced tokens, first (``"grammar"``, :mod:`edgespec.draft.grammar`). ``logprobs``
+    (None: off; 0..20) records each emitted token's logprob and that many alternatives in ``stats.token_logprobs``.
 
     ``coupling`` picks the sampling rule (greedy ignores it): ``"gumbel"`` is drafter-invariant seeded sampling
     (:mod:`.coupling`: the output depends only on the seed and the target, never on K, the proposers or the
