@@ -180,7 +180,7 @@ def test_the_token_after_a_forced_run_follows_the_masked_p(dec):
 def test_the_servers_default_mode_proposes_the_forced_tokens(tiny_tool_export, home, body):
     """What ``edgespec serve`` runs for a constrained request (its default flags' options and controller, the
     request's overrides): the grammar's forced tokens are proposed and all accepted, the output that of plain."""
-    from edgespec.cli import _gen_kwargs, build_parser
+    from edgespec.apps.cli import _gen_kwargs, build_parser
     from edgespec.openai_fields import parse_extras
     from edgespec.serve_fields import generation_overrides
 
