@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from ..errors import EdgespecError
+from .kv_buffer import PreallocatedKV
 from .pages import anonymous_zeros
 
 WINDOW = 64  # rows: the bound past is the past length rounded up to this (rebound every WINDOW steps)
@@ -44,7 +44,7 @@ def widen_mask(mask: np.ndarray, past: int, window: int) -> np.ndarray:
     return out
 
 
-class GroupedKVCache:
+class GroupedKVCache(PreallocatedKV):
     """Graph format 4: one block float32 (2 · layers, kv_heads, capacity, head_dim); ``buffers`` are its
     per-layer-and-kind views (1, kv_heads, capacity, head_dim). :meth:`run` feeds a graph from it."""
 
@@ -54,29 +54,6 @@ class GroupedKVCache:
         self.length = 0
         self._shape = (1, num_kv_heads, head_dim)
         self._alloc(min(capacity, max_length), 2 * num_layers)
-
-    @property
-    def capacity(self) -> int:
-        return self.block.shape[2]
-
-    @property
-    def tensors(self) -> list[np.ndarray]:
-        """Views (no copy) of the valid rows, float32 (1, kv_heads, length, head_dim) per layer and kind."""
-        return [buf[:, :, :self.length] for buf in self.buffers]
-
-    def reserve(self, total: int) -> None:
-        """Make room for ``total`` positions (grow by doubling, one copy).
-
-        Raises:
-            EdgespecError: ``total`` is beyond the model's context length.
-        """
-        if total > self.max_length:
-            raise EdgespecError(f"context of {total} tokens is longer than the model's {self.max_length}")
-        if total > self.capacity:
-            cap = self.capacity
-            while cap < total:
-                cap *= 2
-            self._alloc(min(cap, self.max_length), len(self.buffers), self.buffers)
 
     def load(self, tensors: list[np.ndarray]) -> None:
         """Replace the contents with ``tensors`` float32 (1, kv_heads, P, head_dim) per layer and kind."""

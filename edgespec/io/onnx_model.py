@@ -20,6 +20,7 @@ if hasattr(ort, "disable_telemetry_events"):  # also when onnxruntime was import
 
 from ..errors import EdgespecError
 from .integrity import check_graph
+from .kv_buffer import PreallocatedKV
 from .manifest import GraphSpec
 from .pages import ReleaseWhileLoading, anonymous_zeros, release_file_pages
 
@@ -155,7 +156,7 @@ class KVCache:
         self.tensors = [np.take(t, idx, axis=2) for t in self.tensors]
 
 
-class SharedKVCache:
+class SharedKVCache(PreallocatedKV):
     """Graph format 3: one preallocated buffer per layer and kind, float32 (1, kv_heads, capacity, head_dim).
 
     The graph reads the past from and writes the new rows into the same buffer (bound through IO binding to
@@ -178,29 +179,6 @@ class SharedKVCache:
                 new[:, :, :self.length] = prev[:, :, :self.length]
         self.values = [ort.OrtValue.ortvalue_from_numpy(buf) for buf in self.buffers]  # share the numpy memory
         self.bindings: dict[int, ort.IOBinding] = {}  # per session, with the buffers bound as past and present
-
-    @property
-    def capacity(self) -> int:
-        return self.buffers[0].shape[2]
-
-    @property
-    def tensors(self) -> list[np.ndarray]:
-        """Views (no copy) of the valid rows, float32 (1, kv_heads, length, head_dim) per layer and kind."""
-        return [buf[:, :, :self.length] for buf in self.buffers]
-
-    def reserve(self, total: int) -> None:
-        """Make room for ``total`` positions (grow by doubling, one copy).
-
-        Raises:
-            EdgespecError: ``total`` is beyond the model's context length.
-        """
-        if total > self.max_length:
-            raise EdgespecError(f"context of {total} tokens is longer than the model's {self.max_length}")
-        if total > self.capacity:
-            cap = self.capacity
-            while cap < total:
-                cap *= 2
-            self._alloc(min(cap, self.max_length), len(self.buffers), self.buffers)
 
     def crop(self, n: int, keep=()) -> None:
         """Keep positions 0..n-1, then the positions in ``keep`` (each ≥ n, in that order).

@@ -1,0 +1,43 @@
+"""What the two preallocated KV caches share (graph formats 3 and 4): the valid rows as views, and growth.
+
+:class:`~edgespec.io.onnx_model.SharedKVCache` (format 3) and :class:`~edgespec.io.grouped_kv.GroupedKVCache`
+(format 4) keep per-layer-and-kind buffers float32 (1, kv_heads, capacity, head_dim) of which the first
+``length`` rows are valid; both grow by doubling through their own ``_alloc``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import EdgespecError
+
+
+class PreallocatedKV:
+    """The shared part: needs ``buffers``, ``length``, ``max_length`` and ``_alloc(capacity, n, old)``."""
+
+    buffers: list[np.ndarray]
+    length: int
+    max_length: int
+
+    @property
+    def capacity(self) -> int:
+        return self.buffers[0].shape[2]
+
+    @property
+    def tensors(self) -> list[np.ndarray]:
+        """Views (no copy) of the valid rows, float32 (1, kv_heads, length, head_dim) per layer and kind."""
+        return [buf[:, :, :self.length] for buf in self.buffers]
+
+    def reserve(self, total: int) -> None:
+        """Make room for ``total`` positions (grow by doubling, one copy).
+
+        Raises:
+            EdgespecError: ``total`` is beyond the model's context length.
+        """
+        if total > self.max_length:
+            raise EdgespecError(f"context of {total} tokens is longer than the model's {self.max_length}")
+        if total > self.capacity:
+            cap = self.capacity
+            while cap < total:
+                cap *= 2
+            self._alloc(min(cap, self.max_length), len(self.buffers), self.buffers)
