@@ -55,15 +55,6 @@ class GroupedKVCache(PreallocatedKV):
         self._shape = (1, num_kv_heads, head_dim)
         self._alloc(min(capacity, max_length), 2 * num_layers)
 
-    def load(self, tensors: list[np.ndarray]) -> None:
-        """Replace the contents with ``tensors`` float32 (1, kv_heads, P, head_dim) per layer and kind."""
-        p = tensors[0].shape[2]
-        self.length = 0
-        self.reserve(p)
-        for buf, t in zip(self.buffers, tensors):
-            buf[:, :, :p] = t
-        self.length = p
-
     def _alloc(self, capacity: int, n: int, old: list[np.ndarray] | None = None) -> None:
         _, kv, hd = self._shape
         block = anonymous_zeros(1, (n, kv, capacity, hd))[0]  # resident as rows are written

@@ -1,4 +1,4 @@
-"""What the two preallocated KV caches share (graph formats 3 and 4): the valid rows as views, and growth.
+"""What the two preallocated KV caches share (graph formats 3 and 4): the valid rows as views, growth, load.
 
 :class:`~edgespec.io.onnx_model.SharedKVCache` (format 3) and :class:`~edgespec.io.grouped_kv.GroupedKVCache`
 (format 4) keep per-layer-and-kind buffers float32 (1, kv_heads, capacity, head_dim) of which the first
@@ -41,3 +41,12 @@ class PreallocatedKV:
             while cap < total:
                 cap *= 2
             self._alloc(min(cap, self.max_length), len(self.buffers), self.buffers)
+
+    def load(self, tensors: list[np.ndarray]) -> None:
+        """Replace the contents with ``tensors`` float32 (1, kv_heads, P, head_dim) per layer and kind."""
+        p = tensors[0].shape[2]
+        self.length = 0
+        self.reserve(p)
+        for buf, t in zip(self.buffers, tensors):
+            buf[:, :, :p] = t
+        self.length = p

@@ -193,15 +193,6 @@ class SharedKVCache(PreallocatedKV):
                 buf[:, :, n:n + len(keep)] = buf[:, :, idx]  # fancy indexing copies first: overlap is safe
         self.length = min(self.length, n + len(keep))
 
-    def load(self, tensors: list[np.ndarray]) -> None:
-        """Replace the contents with ``tensors`` float32 (1, kv_heads, P, head_dim) per layer and kind."""
-        p = tensors[0].shape[2]
-        self.length = 0
-        self.reserve(p)
-        for buf, t in zip(self.buffers, tensors):
-            buf[:, :, :p] = t
-        self.length = p
-
 
 CACHE_CAPACITY = 4096  # initial positions of a format-3 cache buffer; it doubles on demand up to the context
 _ALL_ROWS = np.zeros(1, dtype=np.int64)  # logits_keep = 0: every row
