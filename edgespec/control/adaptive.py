@@ -282,7 +282,7 @@ class AdaptiveK(KPolicy):
             if not self._fits(p, k, catchup_ms if with_catchup else 0.0):
                 continue
             t = self.predicted_ms(p, k)
-            tokens = self._tree_tokens(p, k) if p.tree else expected_tokens(k, self.alpha(p, match))
+            tokens = self._tree_tokens(p, k) if p.sized_by_nodes else expected_tokens(k, self.alpha(p, match))
             rate = tokens / (t + catchup_ms * tokens / remaining)
             if rate > best[1]:
                 best = (k, rate)
@@ -292,10 +292,10 @@ class AdaptiveK(KPolicy):
 
     @staticmethod
     def _plan(p: Proposer, k: int) -> RoundPlan:
-        return RoundPlan(p, n_nodes=k) if p.tree else RoundPlan(p, k=k)
+        return RoundPlan(p, n_nodes=k) if p.sized_by_nodes else RoundPlan(p, k=k)
 
     def _sizes(self, p: Proposer):
-        return self.tree_budgets if p.tree else range(1, self.k_max + 1)
+        return self.tree_budgets if p.sized_by_nodes else range(1, self.k_max + 1)
 
     def choose(self, situation: Situation) -> RoundPlan:
         """The next round (see :class:`~edgespec.control.kpolicy.KPolicy`); with a latency budget also a plain step
@@ -316,7 +316,7 @@ class AdaptiveK(KPolicy):
                 # one cost a 12-token voice answer ~10%; the per-match estimates lengthen later tries)
                 self.plain_run = 0
                 return self._plan(p, first)
-            sizes = sorted({min(b, o.limit) for b in self.tree_budgets}) if p.tree else range(1, top + 1)
+            sizes = sorted({min(b, o.limit) for b in self.tree_budgets}) if p.sized_by_nodes else range(1, top + 1)
             options.append((p, *self._best(p, sizes, match=o.match)))
         p, k, rate = max(options, key=lambda o: o[2], default=(None, 0, -1.0))
         # must beat plain decoding by a margin; a larger one when it means paying a catch-up now (a sure cost
@@ -335,7 +335,7 @@ class AdaptiveK(KPolicy):
         # re-probe, so acceptance estimates can recover; a draft probe only if its catch-up is cheap
         if self.plain_run >= self.probe_every and (free or catchup <= 0.05 * self.plain_ms * remaining):
             self.plain_run = 0
-            chains = [o for o in situation.offers if o.proposer.uses_draft and not o.proposer.tree]
+            chains = [o for o in situation.offers if o.proposer.uses_draft and not o.proposer.sized_by_nodes]
             probe = free[0] if free else (chains[0] if chains else None)
             if probe is None:
                 return RoundPlan()
@@ -378,7 +378,7 @@ class AdaptiveK(KPolicy):
         ratio = (r.round_ms - catchup_ms) / self._model_ms(p, k)
         self._ratio(p.name, ratio)
         self.overhead[p.name] = 0.7 * self.overhead.get(p.name, 1.0) + 0.3 * ratio
-        if p.tree:
+        if p.sized_by_nodes:
             self.rounds[p.name] = self.rounds.get(p.name, 0) + 1
             acc = self._tree_accepted(p)
             acc[k] = 0.8 * (acc[k] if k in acc else self._tree_tokens(p, k) - 1) + 0.2 * r.accepted

@@ -80,7 +80,7 @@ class FixedK(KPolicy):
         o = first_offer(situation)
         if o is None:
             return RoundPlan()
-        if o.proposer.tree:
+        if o.proposer.sized_by_nodes:
             return RoundPlan(o.proposer, n_nodes=min(self.n_nodes, o.limit))
         return RoundPlan(o.proposer, k=min(self.k, o.limit))
 

@@ -51,7 +51,7 @@ class RoundPlan:
         """Tokens to propose: ``n_nodes`` for a tree proposer, else ``k`` (0: a plain step)."""
         if self.proposer is None:
             return 0
-        return self.n_nodes if self.proposer.tree else self.k
+        return self.n_nodes if self.proposer.sized_by_nodes else self.k
 
     @property
     def name(self) -> str:
@@ -97,7 +97,7 @@ class RoundResult:
     @property
     def size(self) -> int:
         """The proposal's size as the policy measures it: a tree's planned node budget, a chain's K drafted."""
-        if self.proposer is not None and self.proposer.tree:
+        if self.proposer is not None and self.proposer.sized_by_nodes:
             return self.plan.n_nodes
         return self.proposed
 

@@ -51,11 +51,22 @@ class DraftContext:
 
 class Proposer:
     """A drafting source. ``uses_draft``: it runs the draft model (its rounds pay draft steps and the draft's
-    catch-up); ``tree``: its size is a node count ``n_nodes`` rather than a draft length K."""
+    catch-up); ``sized_by_nodes``: its size is a node count ``n_nodes`` (it proposes branching trees) rather
+    than a draft length K. (The flag was called ``tree``; a subclass that still sets ``tree`` is read the same.)"""
 
     name: ClassVar[str] = ""
     uses_draft: ClassVar[bool] = False
-    tree: ClassVar[bool] = False
+    sized_by_nodes: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if isinstance(cls.__dict__.get("tree"), bool):
+            cls.sized_by_nodes = cls.__dict__["tree"]
+
+    @property
+    def tree(self) -> bool:
+        """The former name of :attr:`sized_by_nodes`."""
+        return self.sized_by_nodes
 
     @classmethod
     def from_options(cls, options) -> "Proposer":

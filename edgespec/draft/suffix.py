@@ -100,7 +100,7 @@ class SuffixTree(Proposer):
     occurrences: int = 32
     archive_tokens: int = 65536
     name: ClassVar[str] = "suffix"
-    tree: ClassVar[bool] = True
+    sized_by_nodes: ClassVar[bool] = True
 
     def corpus(self, ctx) -> _DecoderCorpus:
         """The decoder's corpus, kept in its context's ``memory`` (made by the first suffix proposer to ask)."""

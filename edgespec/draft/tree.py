@@ -24,7 +24,7 @@ class DraftTree(Proposer):
 
     name: ClassVar[str] = "tree"
     uses_draft: ClassVar[bool] = True
-    tree: ClassVar[bool] = True
+    sized_by_nodes: ClassVar[bool] = True
 
     def draft_runs(self, size: int) -> int:
         """One draft run per level of the tree shape of ``size`` nodes."""
