@@ -2,7 +2,7 @@
 against the grouped attention of graph format 4, in one run.
 
 - ``gqa``: the op format-3 graphs use, alone: a shared past/present buffer of 4,096 positions bound through IO
-  binding (as ``SharedKVCache`` does), rotary inside the op, with and without the ``attention_bias`` input;
+  binding (as ``InPlaceKVCache`` does), rotary inside the op, with and without the ``attention_bias`` input;
   float32 and float16.
 - ``grouped``: the exact nodes ``export/grouped_graph.py`` writes for one layer (rotary, each KV head's query
   group as one (G·T, D) matrix, two score blocks under one softmax), the past bound by pointer as row
@@ -52,10 +52,10 @@ def gqa_model(heads: int, kv: int, hd: int, dtype: int, bias: bool) -> bytes:
 
 def grouped_model(heads: int, kv: int, hd: int, cos: np.ndarray, sin: np.ndarray) -> bytes:
     """One layer of graph format 4, built by the exporter's own writer."""
-    from edgespec.export.gqa_graph import _Graph
+    from edgespec.export.gqa_graph import GraphBuilder
     from edgespec.export.grouped_graph import GroupedWriter, past_name
 
-    g, w = _Graph(), GroupedWriter(heads, kv, hd)
+    g, w = GraphBuilder(), GroupedWriter(heads, kv, hd)
     g.init("const/zero_f", np.array(0.0, np.float32))
     g.init("const/min_f", np.array(np.finfo(np.float32).min, np.float32))
     g.init("rotary/cos", cos)

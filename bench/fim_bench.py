@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fim_tasks import Task, score, stdlib_tasks  # noqa: E402
 from bench_cli import finish  # noqa: E402
-from llama_server import LlamaServer, PeerError, PeerMode, _post  # noqa: E402
+from llama_server import LlamaServer, PeerError, PeerMode, post_json  # noqa: E402
 
 from edgespec.io import paths  # noqa: E402
 from edgespec.errors import EdgespecError  # noqa: E402
@@ -102,7 +102,7 @@ class LlamaInfillRunner:
             path, body = "/infill", {"input_prefix": task.prefix, "input_suffix": task.suffix, "input_extra": [],
                                      "prompt": "", **common}
         t0 = time.perf_counter()
-        res = _post(self.server.url + path, body, 600)
+        res = post_json(self.server.url + path, body, 600)
         t = res.get("timings") or {}
         try:
             prompt_ms, gen_ms, k = float(t["prompt_ms"]), float(t["predicted_ms"]), int(t["predicted_n"])
@@ -209,7 +209,7 @@ def run(args) -> dict:
     """The whole benchmark (see the module docstring); returns the result dict written as JSON."""
     from contextlib import ExitStack
 
-    from peers import _cpu, find_ggufs
+    from peers import cpu_model, find_ggufs
     from peers_build import SDIST_REQ, binaries, cache_dir
 
     from edgespec.control.calibrate import calibrate
@@ -276,7 +276,7 @@ def run(args) -> dict:
         "command": "python " + " ".join(sys.argv), "export": str(export),
         "python": sys.version.split()[0], "peer": {"llama.cpp": f"b11434 from {SDIST_REQ}",
                                                    "server_commands": commands} if peer_modes else None,
-        "machine": {"cpu": _cpu(), "cpus": os.cpu_count(), "platform": platform.platform(),
+        "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "platform": platform.platform(),
                     "loadavg_start": load_start, "loadavg_end": os.getloadavg()},
         "settings": {"modes": modes, "peer_modes": [r.mode_name for r in ll], "files": args.files,
                      "per_file": args.per_file, "prefix_lines": args.prefix_lines, "suffix_lines": args.suffix_lines,

@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_cli import finish  # noqa: E402
-from llama_server import LlamaServer, PeerMode, _post, parse_completion  # noqa: E402
+from llama_server import LlamaServer, PeerMode, post_json, parse_completion  # noqa: E402
 
 from edgespec.io import paths  # noqa: E402
 from edgespec.errors import EdgespecError  # noqa: E402
@@ -115,7 +115,7 @@ class LlamaRunner:
     def run(self, ids: list[int], schema: dict, max_new_tokens: int) -> dict:
         body = {"prompt": list(map(int, ids)), "n_predict": int(max_new_tokens), "temperature": 0.0, "top_k": 1,
                 "cache_prompt": False, "return_tokens": True, "stream": False, "json_schema": schema}
-        res = _post(self.server.url + "/completion", body, 600)
+        res = post_json(self.server.url + "/completion", body, 600)
         rec = parse_completion(res, len(ids))
         rec["text"] = res.get("content", "")
         rec["stop"] = res.get("stop_type")

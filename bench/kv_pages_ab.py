@@ -16,7 +16,7 @@ om.use_shared_thread_pool()
 lm = om.OnnxLM(m.target, exp)
 def numpy_cache():
     c = lm.new_cache()
-    b, kv, hd = c._shape
+    b, kv, _, hd = c.buffers[0].shape
     c.buffers = [np.zeros((b, kv, c.capacity, hd), np.float32) for _ in c.buffers]
     import onnxruntime as ort
     c.values = [ort.OrtValue.ortvalue_from_numpy(x) for x in c.buffers]

@@ -63,7 +63,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _post(url: str, body: dict, timeout: float) -> dict:
+def post_json(url: str, body: dict, timeout: float) -> dict:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -162,7 +162,7 @@ class LlamaServer:
         body = {"prompt": list(map(int, prompt_ids)), "n_predict": int(n_predict), "temperature": 0.0,
                 "top_k": 1, "cache_prompt": False, "return_tokens": True, "stream": False}
         t0 = time.perf_counter()
-        res = _post(self.url + "/completion", body, timeout_s)
+        res = post_json(self.url + "/completion", body, timeout_s)
         rec = parse_completion(res, len(prompt_ids))
         rec["client_wall_ms"] = (time.perf_counter() - t0) * 1e3
         return rec

@@ -36,11 +36,11 @@ if setting == "tokenizer":
     trim_heap()
     print(json.dumps({"before_mb": before, "loaded_mb": loaded, "trimmed_mb": status()[0]}))
     sys.exit()
-om.DEFAULT_MEMORY = om.SessionMemory.named(setting)
+memory = om.SessionMemory.named(setting)
 m = load_manifest(export)
 om.use_shared_thread_pool()
 t0 = time.perf_counter()
-lm = om.OnnxLM(getattr(m, role), export, role=role)
+lm = om.OnnxLM(getattr(m, role), export, role=role, memory=memory)
 seconds = time.perf_counter() - t0
 rss, hwm = status()
 print(json.dumps({"load_s": seconds, "peak_mb": hwm, "after_mb": rss}))

@@ -49,7 +49,8 @@ TURNS = [
     "How would you make that query fast on a large table?",
 ]
 
-# The child: apply the setting, record (target cache length, RSS MB) after every target run, run the CLI.
+# The child: apply the setting (the CLI takes no memory settings: it runs under the module default, replaced
+# here for this process only), record (target cache length, RSS MB) after every target run, run the CLI.
 CHILD = r"""
 import json, sys
 import edgespec.io.onnx_model as om
@@ -78,11 +79,12 @@ SOAK = r"""
 import json, sys
 import edgespec.io.onnx_model as om
 from edgespec.io.manifest import load_manifest
-om.DEFAULT_MEMORY = om.SessionMemory(**json.loads(sys.argv[1]))
+setting = json.loads(sys.argv[1])  # {}: a source checkout's own defaults (it may predate OnnxLM's memory=)
+memory = {"memory": om.SessionMemory(**setting)} if setting else {}
 export, steps = sys.argv[3], int(sys.argv[4])
 page_mb = __import__("os").sysconf("SC_PAGE_SIZE") / 2**20
 om.use_shared_thread_pool()
-lm = om.OnnxLM(load_manifest(export).target, export)
+lm = om.OnnxLM(load_manifest(export).target, export, **memory)
 cache = lm.new_cache()
 lm.forward(list(range(100, 120)), cache, keep=1)
 t0 = __import__("time").perf_counter()
@@ -107,7 +109,7 @@ import edgespec.io.onnx_model as om
 from edgespec.io.manifest import load_manifest
 from edgespec.io.pages import mapped_rss
 from edgespec.engine.decoder import PREFILL_CHUNK
-om.DEFAULT_MEMORY = om.SessionMemory(**json.loads(sys.argv[1]))
+memory = om.SessionMemory(**json.loads(sys.argv[1]))
 export = Path(sys.argv[2])
 m = load_manifest(export)
 data = {r: export / (getattr(m, r).path + ".data") for r in ("target", "draft")}
@@ -124,7 +126,7 @@ stage("tokenizer")
 om.use_shared_thread_pool()
 lms = {}
 for role in ("target", "draft"):
-    lms[role] = om.OnnxLM(getattr(m, role), export, role=role)
+    lms[role] = om.OnnxLM(getattr(m, role), export, role=role, memory=memory)
     stage(f"{role} loaded")
 for role, lm in lms.items():
     cache, v = lm.new_cache(), lm.spec.vocab_size

@@ -277,7 +277,8 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def _cpu() -> str:
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (what the result files record as ``machine.cpu``)."""
     try:
         return next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                     if ln.startswith("model name"))
@@ -357,7 +358,7 @@ def run(args) -> dict:
         "ggufs": {"target": str(target), "draft": str(draft)},
         "peer": {"llama.cpp": f"b11434 from {SDIST_REQ} (sdist, built by bench/peers_build.py)",
                  "server_commands": commands},
-        "machine": {"cpu": _cpu(), "cpus": os.cpu_count(), "platform": platform.platform(),
+        "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "platform": platform.platform(),
                     "loadavg_start": load_start, "loadavg_end": os.getloadavg()},
         "settings": {"modes": modes, "peer_modes": [p.name for p in peer_modes], "per_class": args.per_class,
                      "max_new_tokens": args.max_new_tokens, "threads": args.threads, "repeats": args.repeats,

@@ -60,10 +60,10 @@ def llama_bench(binary: Path, gguf: Path, n: int, threads: int, repeats: int) ->
 
 
 def run(args) -> dict:
-    from peers import _cpu, find_gguf
+    from peers import cpu_model, find_gguf
     from peers_build import binaries, cache_dir
 
-    from edgespec.decoder import SpecDecoder
+    from edgespec.engine.decoder import SpecDecoder
 
     try:
         chunks = [int(c) for c in args.chunks.split(",")]
@@ -90,7 +90,7 @@ def run(args) -> dict:
             raise EdgespecError(f"no llama-bench in {build}: run python bench/peers_build.py")
         target_gguf = find_gguf(export, "target", args.target_gguf)
         llama = llama_bench(b["llama-bench"], target_gguf, args.tokens, args.threads, args.repeats)
-    return {"cpu": _cpu(), "threads": args.threads, "tokens": args.tokens, "repeats": args.repeats,
+    return {"cpu": cpu_model(), "threads": args.threads, "tokens": args.tokens, "repeats": args.repeats,
             "export": str(export), "edgespec": edgespec, "llama.cpp": llama,
             "command": "python bench/prefill_sweep.py " + " ".join(sys.argv[1:]),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -10,7 +10,7 @@ The KV cache is one preallocated buffer per layer and kind: ``past_key_values.{i
 (B, kv_heads, capacity, head_dim) is also where ``present.{i}.key`` is written (the runtime binds both to the
 same memory; GroupQueryAttention then writes only the new rows, at positions P..P+T-1). The number of valid
 positions is the last dimension of ``attention_mask`` bool (B, 1, T, P+T), which also becomes the additive
-``attention_bias`` that carries a tree mask. See :class:`edgespec.manifest.GraphSpec` for the contract.
+``attention_bias`` that carries a tree mask. See :class:`edgespec.io.manifest.GraphSpec` for the contract.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def _np(t) -> np.ndarray:
     return t.detach().to("cpu").float().numpy()
 
 
-class _Graph:
+class GraphBuilder:
     """A growing list of nodes and initializers with unique names.
 
     Initializers of 1 KiB or more go straight to the external data file ``data`` as they are made, so the
@@ -122,7 +122,7 @@ class GQAWriter:
     def __init__(self, heads: int, kv: int, hd: int):
         self.heads, self.kv, self.hd = heads, kv, hd
 
-    def prelude(self, g: _Graph) -> None:
+    def prelude(self, g: GraphBuilder) -> None:
         """Lengths from the mask: total = P+T (int32 scalar), seqlens_k = total - 1 per batch row (int32 (B,))."""
         g.init("const/one_i32", np.array([1], np.int32))
         total64 = g.node("Shape", ["attention_mask"], "mask/Shape", start=3, end=4)[0]
@@ -133,7 +133,7 @@ class GQAWriter:
         self.seqlens_k = g.node("Expand", [last, batch], "mask/seqlens_k")[0]
         self.bias = g.node("Where", ["attention_mask", "const/zero_f", "const/min_f"], "mask/bias")[0]
 
-    def layer(self, g: _Graph, i: int, qkv: str) -> str:
+    def layer(self, g: GraphBuilder, i: int, qkv: str) -> str:
         """The attention output float32 (B, T, heads * head_dim) of layer ``i`` from its packed ``qkv``."""
         past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
         attn, pk, pv = g.node(
@@ -146,7 +146,7 @@ class GQAWriter:
         g.nodes.append(helper.make_node("Identity", [pv], [f"present.{i}.value"], name=f"layers.{i}/present_v"))
         return attn
 
-    def finish(self, g: _Graph, layers: int) -> None:
+    def finish(self, g: GraphBuilder, layers: int) -> None:
         """Nodes after the last layer (none here)."""
 
     def kv_io(self, layers: int) -> tuple[list, list]:
@@ -166,14 +166,14 @@ def build_model(model, data: Path | None = None, writer: type = GQAWriter) -> on
     large initializers are written to that file (external data next to the model) instead of held inline."""
     config = model.config
     _check(config, writer.graph_format)
-    g = _Graph(data)
+    g = GraphBuilder(data)
     try:
         return _build(model, g, writer)
     finally:
         g.close()
 
 
-def _build(model, g: _Graph, writer_cls: type) -> onnx.ModelProto:
+def _build(model, g: GraphBuilder, writer_cls: type) -> onnx.ModelProto:
     config = model.config
     layers, kv, hd = kv_shape(config)
     heads, eps = config.num_attention_heads, float(config.rms_norm_eps)

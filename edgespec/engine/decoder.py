@@ -1,5 +1,9 @@
 """The speculative decoder: prefill, the speculative round, generation, and the embeddable API.
 
+:class:`SpecDecoder` is the facade: loading is :mod:`edgespec.io.loading`, prompt encoding and id checks
+:class:`~edgespec.io.encoding.PromptEncoder`, the options and the streamed result :mod:`.generation`, a mode's
+proposers and K policy :mod:`.presets`; the decoder keeps the caches and the committed tokens and runs the round.
+
 State between calls is the committed token list and the two KV caches, so a follow-up prompt that extends
 the previous conversation reuses every cached position of their common prefix (multi-turn KV reuse).
 """
@@ -12,24 +16,24 @@ from typing import Iterator
 
 import numpy as np
 
-from ..core.coupling import GumbelCoupling
-from .generation import Generation, GenerationOptions
-from ..io.integrity import check_files, check_tokenizer, tokenizer_width
 from ..control.kpolicy import FixedK, KPolicy
-from ..core.round import Proposal, RoundPlan, RoundResult, Situation
-from ..io.manifest import Manifest, load_manifest
-from ..io.onnx_model import CPU, KVCache, OnnxLM, resolve_provider, use_shared_thread_pool
-from ..io.pages import trim_heap
+from ..core.coupling import GumbelCoupling
 from ..core.processors import Pipeline, pipeline_for, process_rows, token_logprobs
+from ..core.round import Proposal, RoundPlan, RoundResult, Situation
+from ..core.sampling import (SamplingParams, accept_reject, follow_choices, greedy_accept, probs, sample,
+                             top1_probability, verify_tree)
+from ..core.stats import GenerationStats
+from ..core.token_tree import TokenTree
 from ..draft import Proposer, resolve
 from ..draft.base import DraftContext
 from ..draft.grammar import with_grammar
 from ..draft.model import DraftModel
-from ..core.sampling import (SamplingParams, accept_reject, follow_choices, greedy_accept, probs, sample,
-                       top1_probability, verify_tree)
-from ..core.stats import GenerationStats
-from ..io.text import ChatTemplate, check_text, encode_chat, load_template, load_tokenizer, plain_text_tokenizer
-from ..core.token_tree import TokenTree
+from ..io.encoding import PromptEncoder
+from ..io.loading import check_export, open_export
+from ..io.manifest import Manifest
+from ..io.onnx_model import CPU, KVCache, OnnxLM, SessionMemory, resolve_provider, use_shared_thread_pool
+from ..io.text import ChatTemplate
+from .generation import Generation, GenerationOptions
 
 PREFILL_CHUNK = 256
 
@@ -41,7 +45,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return int(diff[0]) if len(diff) else n
 
 
-def feed(lm, ids: list[int], cache) -> np.ndarray | None:
+def forward_tokens(lm, ids: list[int], cache) -> np.ndarray | None:
     """Run ``ids`` through ``lm`` after ``cache`` in prefill chunks of :data:`PREFILL_CHUNK` (the head on the
     last row only); returns the last position's logits float32 (V,), or None for no ids."""
     logits = None
@@ -64,13 +68,13 @@ class SpecDecoder:
         self.context_length = int(context_length)
         self.template = template
         self.manifest = manifest
+        self.encoder = PromptEncoder(tokenizer, template)  # prompts and messages → ids; caller ids checked
         # q and p are defined over the ids the tokenizer has: logits past them (a padded head) are cut off
-        self.n_tokens = tokenizer_width(tokenizer)
+        self.n_tokens = self.encoder.n_tokens
         self.width = min(target.spec.vocab_size, self.n_tokens)
         for lm in (target, draft):
             if lm is not None and not lm.spec.kept_token_ids:
                 lm.vocab_limit = min(lm.spec.vocab_size, self.n_tokens)
-        self._plain_tokenizer = None  # built on first use: a second tokenizer costs ~100 MB for Qwen's vocabulary
         # the draft LM with its cache, its vocabulary map and its draft-side processing (None: target only)
         self.draft_model: DraftModel | None = DraftModel.load(draft, self.width) if draft is not None else None
         # what proposers keep across rounds and generations, by name (the suffix tree's corpus): not reset
@@ -110,51 +114,42 @@ class SpecDecoder:
     @property
     def plain_tokenizer(self):
         """The tokenizer that encodes control-token text in message content as ordinary text (built once, on
-        the first message that holds such text)."""
-        if self._plain_tokenizer is None:
-            self._plain_tokenizer = plain_text_tokenizer(self.tokenizer)
-        return self._plain_tokenizer
+        the first message that holds such text: :class:`~edgespec.io.encoding.PromptEncoder`)."""
+        return self.encoder.plain_tokenizer
+
+    @property
+    def _plain_tokenizer(self):
+        """That tokenizer if it was built, else None (it costs ~100 MB for Qwen's vocabulary)."""
+        return self.encoder.plain
 
     @classmethod
     def load(cls, export_dir: str | Path, provider: str = "cpu", threads: int | None = None,
              context_length: int | None = None, load_draft: bool = True,
-             shared_thread_pool: bool = False, provider_options: dict | None = None) -> "SpecDecoder":
-        """Open an export directory written by ``edgespec export``.
+             shared_thread_pool: bool = False, provider_options: dict | None = None,
+             memory: SessionMemory | None = None) -> "SpecDecoder":
+        """Open an export directory written by ``edgespec export`` (:mod:`edgespec.io.loading`).
 
         ``load_draft=False`` gives a target-only decoder (plain decoding or proposers without a model).
-        ``shared_thread_pool=True`` calls :func:`~edgespec.onnx_model.use_shared_thread_pool` first (faster;
+        ``shared_thread_pool=True`` calls :func:`~edgespec.io.onnx_model.use_shared_thread_pool` first (faster;
         changes how every later onnxruntime session of the process must be created; CPU only).
         ``provider`` (``cpu``, ``xnnpack``, ``qnn``, ``openvino``, …) with ``provider_options`` (str → str) runs
         both graphs there; one that is missing or rejects a graph falls back to CPU with a one-line notice
-        (see :func:`~edgespec.onnx_model.open_session`); ``target.provider`` tells which one runs.
+        (see :func:`~edgespec.io.onnx_model.open_session`); ``target.provider`` tells which one runs.
+        ``memory``: onnxruntime's session memory settings (default
+        :data:`~edgespec.io.onnx_model.DEFAULT_MEMORY`).
 
-        The export is checked where it enters (:mod:`edgespec.integrity`): file sizes always, sha256 on the
+        The export is checked where it enters (:mod:`edgespec.io.integrity`): file sizes always, sha256 on the
         first load on this device, the graphs' inputs and outputs and the tokenizer against the manifest.
 
         Raises:
             EdgespecError: not a complete export, a file or graph that does not match the manifest, or an
                 unknown execution provider.
         """
-        export_dir = Path(export_dir)
-        m = load_manifest(export_dir)
-        check_files(export_dir, m)
+        m = check_export(export_dir)
         if shared_thread_pool and resolve_provider(provider)[0] == CPU:
-            use_shared_thread_pool(threads)
-        tok = load_tokenizer(export_dir / m.tokenizer)
-        trim_heap()  # its JSON parse leaves ~37 MB of free heap blocks; give them back before the graphs load
-        check_tokenizer(export_dir, m, tokenizer_width(tok))
-        template = None
-        if m.chat_template:
-            bos = tok.id_to_token(m.special_tokens.bos) if m.special_tokens.bos is not None else ""
-            template = load_template(export_dir / m.chat_template, bos or "",
-                                     tok.id_to_token(m.special_tokens.eos) or "")
-        target = OnnxLM(m.target, export_dir, provider, threads, provider_options, role="target")
-        draft = OnnxLM(m.draft, export_dir, provider, threads, provider_options, role="draft") if load_draft else None
-        trim_heap()  # and what loading the graphs left
-        ctx = min(m.target.context_length, m.draft.context_length)
-        if context_length is not None:
-            ctx = min(ctx, context_length)
-        return cls(target, draft, tok, m.special_tokens.stop, ctx, template, m)
+            use_shared_thread_pool(threads)  # process-wide: before the first session
+        e = open_export(export_dir, m, provider, threads, provider_options, load_draft, context_length, memory)
+        return cls(e.target, e.draft, e.tokenizer, m.special_tokens.stop, e.context_length, e.template, m)
 
     def reset(self) -> None:
         """Forget the conversation: empty both caches."""
@@ -167,47 +162,22 @@ class SpecDecoder:
 
     def encode(self, prompt: str | None = None, messages: list[dict] | None = None,
                tools: list[dict] | None = None) -> list[int]:
-        """Token ids int64 of a raw prompt, or of chat ``messages`` rendered with the chat template.
-
-        Message content is plain text: control-token text in it (``<|im_end|>``) does not become a control
-        token (:func:`~edgespec.text.encode_chat`); a raw prompt is the caller's own markup and may hold them.
-        ``tools`` (OpenAI tool objects) are passed to the chat template, which renders them.
+        """Token ids int64 of a raw prompt, or of chat ``messages`` rendered with the chat template (``tools``:
+        OpenAI tool objects the template renders); see :meth:`~edgespec.io.encoding.PromptEncoder.encode`.
 
         Raises:
-            ValueError: neither or both given, an empty prompt, messages that are not a list of
-                ``{"role", "content"}`` dicts with known roles and str content, text that is not valid UTF-8,
-                or a chat template that fails.
+            ValueError: neither or both given, an empty prompt, invalid messages or text, a failing template.
         """
-        if (prompt is None) == (messages is None):
-            raise ValueError("give exactly one of prompt or messages")
-        if messages is not None:
-            if self.template is None:
-                raise ValueError("this export has no chat template; pass a raw prompt")
-            ids = encode_chat(self.tokenizer, lambda: self.plain_tokenizer, self.template, messages, tools=tools)
-        else:
-            ids = self.tokenizer.encode(check_text(prompt, "prompt"), add_special_tokens=False).ids
-        if not ids:
-            raise ValueError("the prompt is empty")
-        return ids
+        return self.encoder.encode(prompt, messages, tools)
 
     def check_ids(self, input_ids) -> list[int]:
-        """``input_ids`` as a list of ints, each an id of the tokenizer (0 ≤ id < its vocabulary).
+        """``input_ids`` as a list of ints, each an id of the tokenizer (0 ≤ id < ``n_tokens``); see
+        :meth:`~edgespec.io.encoding.PromptEncoder.check_ids`.
 
         Raises:
-            ValueError: naming ``input_ids``: not a 1-D sequence of integers (floats and bools are refused,
-                never rounded), or an id out of range.
+            ValueError: naming ``input_ids``: not a 1-D sequence of integers, or an id out of range.
         """
-        if isinstance(input_ids, (str, bytes, dict)) or not hasattr(input_ids, "__len__"):
-            raise ValueError(f"input_ids must be a list of token ids, got {type(input_ids).__name__}")
-        arr = np.asarray(input_ids, dtype=object if not isinstance(input_ids, np.ndarray) else None)
-        if arr.ndim != 1:
-            raise ValueError(f"input_ids must be a flat list of token ids, got shape {arr.shape}")
-        for i, t in enumerate(arr.tolist() if arr.dtype != object else arr):
-            if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
-                raise ValueError(f"input_ids[{i}] must be an integer token id, got {t!r}")
-            if not 0 <= t < self.n_tokens:
-                raise ValueError(f"input_ids[{i}] = {t} is not a token id (ids are 0..{self.n_tokens - 1})")
-        return [int(t) for t in arr.tolist()]
+        return self.encoder.check_ids(input_ids)
 
     def rewind_to(self, n: int) -> None:
         """Keep the first ``n`` committed tokens and forget the rest: the one public rollback.
@@ -250,7 +220,7 @@ class SpecDecoder:
             if lm is None:
                 continue
             cache.crop(min(cache.length, keep))
-            feed(lm, ids[cache.length:-1], cache)
+            forward_tokens(lm, ids[cache.length:-1], cache)
 
     # -- the steps -------------------------------------------------------------------------------------
 
@@ -265,7 +235,7 @@ class SpecDecoder:
         if self.dcache is not None:
             self.dcache.crop(keep)
         self.tokens = list(ids)
-        logits = feed(self.target, ids[self.tcache.length:], self.tcache)
+        logits = forward_tokens(self.target, ids[self.tcache.length:], self.tcache)
         if self.processor is not None:  # edgespec.processors: penalties, logit bias, grammar mask
             logits = self.processor(ids, logits)
         p = probs(logits, sp)

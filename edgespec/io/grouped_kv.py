@@ -10,7 +10,7 @@ assignment; a pointer binding per head would cost ~3 µs each, two hundred per s
 
 The bound window W is the past length rounded up to :data:`WINDOW` rows and is rebound only when the past
 leaves it, so a decode step binds only its ids, positions, mask and outputs; the window's rows past P are
-masked off (``attention_mask`` widened to W+T columns). As in :class:`edgespec.io.onnx_model.SharedKVCache`
+masked off (``attention_mask`` widened to W+T columns). As in :class:`edgespec.io.onnx_model.InPlaceKVCache`
 (same ``length``, ``capacity``, ``tensors``, ``reserve``, ``crop`` and ``load``), rollback is a length change,
 a tree's accepted path moves only its rows, and the block grows by doubling.
 """

@@ -1,6 +1,6 @@
 """What the two preallocated KV caches share (graph formats 3 and 4): the valid rows as views, growth, load.
 
-:class:`~edgespec.io.onnx_model.SharedKVCache` (format 3) and :class:`~edgespec.io.grouped_kv.GroupedKVCache`
+:class:`~edgespec.io.onnx_model.InPlaceKVCache` (format 3) and :class:`~edgespec.io.grouped_kv.GroupedKVCache`
 (format 4) keep per-layer-and-kind buffers float32 (1, kv_heads, capacity, head_dim) of which the first
 ``length`` rows are valid; both grow by doubling through their own ``_alloc``.
 """

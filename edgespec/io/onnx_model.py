@@ -94,12 +94,13 @@ def _notice(message: str) -> None:
 
 
 def open_session(path: Path, provider: str = "cpu", provider_options: dict | None = None,
-                 threads: int | None = None) -> ort.InferenceSession:
+                 threads: int | None = None, memory: "SessionMemory | None" = None) -> ort.InferenceSession:
     """An onnxruntime session for the graph at ``path`` on ``provider`` with its ``provider_options`` (str → str,
     e.g. QNN ``backend_path``, OpenVINO ``device_type``), CPU as the fallback for nodes it does not take.
 
     If the provider is not in this onnxruntime build, or rejects the graph, the session runs on CPU after a
-    one-line notice (logger ``edgespec``). Thread tuning (:func:`session_options`) applies on CPU only.
+    one-line notice (logger ``edgespec``). Thread tuning (:func:`session_options`) applies on CPU only; the
+    memory settings ``memory`` (default :data:`DEFAULT_MEMORY`) to every provider.
 
     Raises:
         EdgespecError: an unknown provider name, or a graph onnxruntime cannot load on CPU either.
@@ -108,14 +109,14 @@ def open_session(path: Path, provider: str = "cpu", provider_options: dict | Non
     options = {str(k): str(v) for k, v in (provider_options or {}).items()}
     if full != CPU:
         try:
-            return ort.InferenceSession(str(path), session_options(threads, cpu=False),
+            return ort.InferenceSession(str(path), session_options(threads, cpu=False, memory=memory),
                                         providers=[(full, options), CPU])
         except Exception as e:  # onnxruntime raises its own types; a provider may also reject its options
             why = f"{provider!r} rejected {path.name} ({_first_line(e)})"
     if why:
         _notice(why)
     try:
-        return ort.InferenceSession(str(path), session_options(threads),
+        return ort.InferenceSession(str(path), session_options(threads, memory=memory),
                                     providers=[(CPU, options)] if not why else [CPU])
     except Exception as e:
         raise EdgespecError(f"{path}: onnxruntime cannot load this graph ({_first_line(e)})") from None
@@ -156,8 +157,9 @@ class KVCache:
         self.tensors = [np.take(t, idx, axis=2) for t in self.tensors]
 
 
-class SharedKVCache(PreallocatedKV):
-    """Graph format 3: one preallocated buffer per layer and kind, float32 (1, kv_heads, capacity, head_dim).
+class InPlaceKVCache(PreallocatedKV):
+    """Graph format 3: one preallocated buffer per layer and kind, float32 (1, kv_heads, capacity, head_dim),
+    that is both the graph's past and its present (formerly ``SharedKVCache``, still importable by that name).
 
     The graph reads the past from and writes the new rows into the same buffer (bound through IO binding to
     both ``past_key_values.{i}.*`` and ``present.{i}.*``), so a step copies only its own T rows and the cache
@@ -193,6 +195,8 @@ class SharedKVCache(PreallocatedKV):
                 buf[:, :, n:n + len(keep)] = buf[:, :, idx]  # fancy indexing copies first: overlap is safe
         self.length = min(self.length, n + len(keep))
 
+
+SharedKVCache = InPlaceKVCache  # the former name ("shared": past and present share one buffer)
 
 CACHE_CAPACITY = 4096  # initial positions of a format-3 cache buffer; it doubles on demand up to the context
 _ALL_ROWS = np.zeros(1, dtype=np.int64)  # logits_keep = 0: every row
@@ -316,18 +320,26 @@ class OnnxLM:
     """
 
     def __init__(self, spec: GraphSpec, export_dir: str | Path, provider: str = "cpu", threads: int | None = None,
-                 provider_options: dict | None = None, role: str = "target"):
+                 provider_options: dict | None = None, role: str = "target", memory: SessionMemory | None = None):
+        """Open the graph ``spec.path`` of ``export_dir`` on ``provider`` (see :func:`open_session`) with the
+        session memory settings ``memory`` (default :data:`DEFAULT_MEMORY`), and check it against ``spec``.
+
+        Raises:
+            EdgespecError: an unknown provider, a graph onnxruntime cannot load, or one that does not match
+                ``spec``.
+        """
+        memory = memory or DEFAULT_MEMORY
         path = Path(export_dir) / spec.path
         files = [f for f in path.parent.iterdir() if f.is_file()]
-        loading = ReleaseWhileLoading(files) if DEFAULT_MEMORY.release_while_loading else None
+        loading = ReleaseWhileLoading(files) if memory.release_while_loading else None
         with loading or contextlib.nullcontext():
-            session = open_session(path, provider, provider_options, threads)
+            session = open_session(path, provider, provider_options, threads, memory)
         self._setup(spec, session)
         self.export_dir = Path(export_dir)
         check_graph(session, spec, role, path, self._past, self._outputs)  # the manifest describes this graph
         # file pages given back while and after loading (SessionMemory.release_while_loading, release_pages)
         self.released_bytes = loading.released if loading else 0
-        if DEFAULT_MEMORY.release_pages:
+        if memory.release_pages:
             self.released_bytes += release_file_pages(files)
 
     @classmethod
@@ -361,8 +373,8 @@ class OnnxLM:
             raise EdgespecError(f"{spec.path}: the manifest says graph format {fmt} but the graph is not a "
                                 f"format-{fmt} graph (export again)")
 
-    def new_cache(self, capacity: int | None = None) -> KVCache | SharedKVCache:
-        """An empty cache for this graph: a :class:`SharedKVCache` of ``capacity`` positions (default
+    def new_cache(self, capacity: int | None = None) -> KVCache | InPlaceKVCache:
+        """An empty cache for this graph: a :class:`InPlaceKVCache` of ``capacity`` positions (default
         :data:`CACHE_CAPACITY`, grown on demand) for graph format 3, its per-KV-head variant
         :class:`edgespec.io.grouped_kv.GroupedKVCache` for format 4, else a :class:`KVCache`."""
         if self.grouped:
@@ -371,11 +383,11 @@ class OnnxLM:
             return GroupedKVCache(self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim,
                                   capacity or CACHE_CAPACITY, self.spec.context_length)
         if self.in_place:
-            return SharedKVCache(self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim,
+            return InPlaceKVCache(self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim,
                                  capacity or CACHE_CAPACITY, self.spec.context_length)
         return KVCache(self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim)
 
-    def forward(self, ids, cache: KVCache | SharedKVCache, position_ids: np.ndarray | None = None,
+    def forward(self, ids, cache: KVCache | InPlaceKVCache, position_ids: np.ndarray | None = None,
                 mask: np.ndarray | None = None, keep: int = 0) -> np.ndarray:
         """Run ``ids`` int64 (T,) after the cached positions; appends T positions to ``cache``.
 
@@ -405,7 +417,7 @@ class OnnxLM:
         logits = logits[0][-keep:] if keep > 0 else logits[0]
         return logits[:, :self.vocab_limit] if self.vocab_limit is not None else logits
 
-    def _run_in_place(self, feeds: dict, cache: SharedKVCache, total: int) -> np.ndarray:
+    def _run_in_place(self, feeds: dict, cache: InPlaceKVCache, total: int) -> np.ndarray:
         """One run with IO binding: the cache buffers are both past and present; only ``logits`` is new."""
         cache.reserve(total)
         io = cache.bindings.get(id(self.session))
