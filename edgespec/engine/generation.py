@@ -7,12 +7,12 @@ from typing import Iterator
 
 from ..core.processors import MAX_TOP_LOGPROBS, Processing
 from ..draft import PROPOSERS, Proposer
-from .presets import DEFAULT_K
 from ..core.sampling import SamplingParams
 from ..core.stats import GenerationStats
 from ..io.text import IncrementalDetokenizer
 
 COUPLINGS = ("auto", "gumbel", "standard")
+DEFAULT_K = 4  # the draft length K of a fixed-K generation without its own (GenerationOptions.k, --k, bench)
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,15 @@
 """The one place that maps a mode to its proposers and its K policy, and the default draft length K.
 
-``edgespec generate/chat/serve`` (``--mode``, ``--lookup``, ``--suffix``, ``--tree``, ``--k``) and ``edgespec
-bench``'s modes (``k2+lookup``, ``adaptive+tree``, …) both resolve here.
+``edgespec generate/chat/serve/complete`` (``--mode``, ``--lookup``, ``--suffix``, ``--tree``, ``--k``: through
+:func:`generation_options` and :func:`k_policy`), ``edgespec voice`` and ``edgespec bench``'s modes (``k2+lookup``, ``adaptive+tree``, …)
+all resolve here.
 """
 
 from __future__ import annotations
 
-DEFAULT_K = 4  # the draft length K of a fixed-K generation without its own (GenerationOptions.k, --k, bench)
+from .generation import DEFAULT_K, GenerationOptions
+
+__all__ = ["DEFAULT_K", "generation_options", "k_policy", "mode_proposers", "proposers"]
 
 
 def proposers(first: tuple[str, ...] = (), draft: bool = True, tree: bool = False,
@@ -30,3 +33,31 @@ def k_policy(decoder, k: int | None, latency_budget_ms: float | None = None, mem
     from ..control.adaptive import AdaptiveK
 
     return AdaptiveK.for_decoder(decoder, latency_budget_ms=latency_budget_ms, memory=memory)
+
+
+def mode_proposers(mode: str = "spec", lookup: bool = True, suffix: bool = False, tree: bool = False,
+                   fixed_k: bool = False) -> tuple[str, ...]:
+    """The proposers of a generation mode, in priority order: ``plain`` (none: the target alone), ``lookup`` or
+    ``suffix`` (that proposer alone), or ``spec`` (the draft model, after prompt lookup with ``lookup`` and suffix
+    trees with ``suffix``; token trees with ``tree``, see :func:`proposers`)."""
+    if mode == "plain":
+        return proposers(draft=False)
+    if mode in ("lookup", "suffix"):
+        return proposers((mode,), draft=False)
+    first = (("suffix",) if suffix else ()) + (("lookup",) if lookup else ())
+    return proposers(first, tree=tree, fixed_k=fixed_k)
+
+
+def generation_options(mode: str = "spec", lookup: bool = True, suffix: bool = False, tree: bool = False,
+                       k: int | None = None, **fields) -> GenerationOptions:
+    """The :class:`GenerationOptions` of a mode: its proposers (:func:`mode_proposers`; ``k`` given: a fixed K),
+    K = ``k`` or :data:`DEFAULT_K` as the draft length and the tree node budget, and ``fields``: the options'
+    other fields (``max_new_tokens``, ``temperature``, ``seed``, …). Its K policy is :func:`k_policy` with the
+    same ``k`` (when the options have proposers).
+
+    Raises:
+        ValueError: an invalid option value. TypeError: an unknown field.
+    """
+    fixed = k if k is not None else DEFAULT_K
+    return GenerationOptions(proposers=mode_proposers(mode, lookup, suffix, tree, fixed_k=k is not None),
+                             k=fixed, n_nodes=fixed, **fields)

@@ -6,26 +6,14 @@ speech before any model is loaded, so a silent or broken WAV never reaches the L
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
+from ..engine import flags
+
 MODES = ("spec", "plain")
 DEFAULT_BUDGET_MS = 250.0
-
-
-def _number(kind, what, ok):
-    def parse(s):
-        try:
-            v = kind(s)
-        except ValueError:
-            v = None
-        if v is None or (isinstance(v, float) and not math.isfinite(v)) or not ok(v):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}")
-        return v
-    return parse
 
 
 def add_voice_parser(sub) -> None:
@@ -39,13 +27,13 @@ def add_voice_parser(sub) -> None:
                    help="median latencies over the spoken questions in DIR, speculation on and off in one run")
     p.add_argument("--json", action="store_true", help="print the turn report (or the bench result) as JSON")
     p.add_argument("--mode", choices=MODES, default="spec", help="spec: draft + target (default); plain: target only")
-    p.add_argument("--k", type=_number(int, "an integer ≥ 0", lambda v: v >= 0), default=None,
+    p.add_argument("--k", type=flags.nonneg_int, default=None,
                    help="fixed draft length K (default: adaptive K within --latency-budget-ms)")
-    p.add_argument("--latency-budget-ms", type=_number(float, "milliseconds > 0", lambda v: v > 0),
+    p.add_argument("--latency-budget-ms", type=flags.checked(float, "milliseconds > 0", lambda v: v > 0),
                    default=DEFAULT_BUDGET_MS, help="adaptive K keeps each round under this (default %(default)g)")
-    p.add_argument("--max-new-tokens", type=_number(int, "an integer ≥ 1", lambda v: v >= 1), default=96)
-    p.add_argument("--temperature", type=_number(float, "a number ≥ 0", lambda v: v >= 0), default=0.0)
-    p.add_argument("--seed", type=_number(int, "an integer", lambda v: True), default=None)
+    p.add_argument("--max-new-tokens", type=flags.pos_int, default=96)
+    p.add_argument("--temperature", type=flags.checked(float, "a number ≥ 0", lambda v: v >= 0), default=0.0)
+    p.add_argument("--seed", type=flags.integer, default=None)
     p.add_argument("--first-chunk", choices=("sentence", "clause", "phrase"), default="phrase",
                    help="where the first spoken chunk may end: a sentence, also a comma (clause), or also before "
                         "a phrase's first word such as 'because' or 'in' (phrase, default)")
@@ -55,11 +43,13 @@ def add_voice_parser(sub) -> None:
     p.add_argument("--voice-model", help="a Piper voice .onnx (its .onnx.json next to it); default: en_US joe")
     p.add_argument("--asr-dir", help="prepared Moonshine directory (default: the user cache; edgespec export --voice)")
     p.add_argument("--provider", default="cpu", help="execution provider of the LLM (default cpu)")
-    p.add_argument("--threads", type=_number(int, "an integer ≥ 1", lambda v: v >= 1), default=None)
-    p.add_argument("--turns", type=_number(int, "an integer ≥ 1", lambda v: v >= 1), default=None,
+    p.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of the LLM's execution provider, e.g. backend_path=libQnnHtp.so (repeatable)")
+    p.add_argument("--threads", type=flags.pos_int, default=None)
+    p.add_argument("--turns", type=flags.pos_int, default=None,
                    help="microphone: stop after this many answered questions (default: until Ctrl-C)")
     p.add_argument("--out", help="--bench: also write the JSON result to this file")
-    p.add_argument("--eager-ms", type=_number(float, "milliseconds ≥ 30", lambda v: v >= 30), default=100.0,
+    p.add_argument("--eager-ms", type=flags.checked(float, "milliseconds ≥ 30", lambda v: v >= 30), default=100.0,
                    help="microphone: start answering after this much quiet, before the end of speech is confirmed "
                         "(0.6 s); nothing is played until then (default %(default)g)")
     p.add_argument("--live", action="store_true",
@@ -107,11 +97,13 @@ def _check_out(path: str | None) -> None:
 
 
 def _policy(a, decoder):
+    """The fixed K of ``--k`` (an int), else an adaptive controller within ``--latency-budget-ms``
+    (:func:`~edgespec.engine.presets.k_policy`; no controller memory: each voice session starts cold)."""
     if a.k is not None:
         return a.k
-    from ..control.adaptive import AdaptiveK
+    from ..engine.presets import k_policy
 
-    return AdaptiveK.for_decoder(decoder, latency_budget_ms=a.latency_budget_ms)
+    return k_policy(decoder, None, a.latency_budget_ms)
 
 
 def run_voice(a, export_dir) -> int:
@@ -121,9 +113,12 @@ def run_voice(a, export_dir) -> int:
     from .pipeline import VOICE_SYSTEM_PROMPT, NoSpeech, VoiceAssistant, WavSink
     from .tts import load_tts
 
+    from ..io.onnx_model import parse_provider_options
+
     modes_given = sum(x is not None for x in (a.say, a.bench, a.wav_in))
     if modes_given > 1:
         raise EdgespecError("give one of --say, --bench and --wav-in")
+    provider_options = parse_provider_options(a.provider_option)  # a malformed one is said before any loading
     _check_out(a.wav_out)
     _check_out(a.out)
     wavs = _question_wavs(a.bench) if a.bench else None
@@ -153,7 +148,7 @@ def run_voice(a, export_dir) -> int:
 
     d = export_dir(a.dir, True)
     dec = SpecDecoder.load(d, provider=a.provider, threads=a.threads, load_draft=a.mode == "spec" or bool(wavs),
-                           shared_thread_pool=True)
+                           shared_thread_pool=True, provider_options=provider_options)
     va = VoiceAssistant(asr, dec, tts, _policy(a, dec), a.mode,
                         VOICE_SYSTEM_PROMPT if a.system is None else a.system, a.max_new_tokens, a.temperature,
                         a.seed, first_chunk=a.first_chunk)

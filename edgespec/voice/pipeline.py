@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import EdgespecError
 from ..engine.generation import GenerationOptions
+from ..engine.presets import mode_proposers
 from ..control.kpolicy import FixedK, HoldPlain
 from .asr import SAMPLE_RATE
 from .audio import find_speech
@@ -251,10 +252,11 @@ class VoiceAssistant:
         policy = self.policy if self.policy is not None else GenerationOptions().k
         policy = FixedK(policy) if isinstance(policy, int) else policy
         hold = HoldPlain(policy) if self.first_chunk_plain and mode != "plain" else None
+        proposers = mode_proposers("plain" if mode == "plain" else "spec", lookup=False)  # () or the draft chain
         if mode == "plain":
-            gen = self.decoder.generate(messages=messages, proposers=(), **kw)
+            gen = self.decoder.generate(messages=messages, proposers=proposers, **kw)
         else:
-            gen = self.decoder.generate(messages=messages, proposers=("draft",), policy=hold or policy, **kw)
+            gen = self.decoder.generate(messages=messages, proposers=proposers, policy=hold or policy, **kw)
         speaker = _Speaker(self.tts, sink, cancel)
         speaker.start()
         t_first_token, t_first_chunk, first_chunk, first_tokens, buf, n_sent = None, None, "", 0, "", 0

@@ -1,0 +1,141 @@
+"""``edgespec export`` (a pair to quantized ONNX graphs, or the voice model) and ``edgespec info`` (an export's
+manifest, validation figures and execution provider; ``--verify``: every file against the manifest): their
+arguments and what they run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..engine import flags
+from ..errors import EdgespecError
+from ..io import paths
+from .cli_common import NO_EXPORTER, add_provider_options, export_dir
+
+
+def add_export_parser(sub) -> None:
+    """Add the ``export`` subcommand to the CLI's subparsers."""
+    p = sub.add_parser("export", help="export a draft/target pair to quantized ONNX graphs")
+    p.add_argument("pair", nargs="?", help="pair recipe name (default: %s)" % paths.DEFAULT_PAIR)
+    p.add_argument("--target", help="GGUF file, HF directory, hub id or recipe name")
+    p.add_argument("--draft", help="GGUF file, HF directory, hub id or recipe name")
+    p.add_argument("--out", help="output directory (default: user cache, by pair name)")
+    p.add_argument("--precision", choices=("int4", "int8", "fp32"), default="int4")
+    p.add_argument("--draft-precision", choices=("int4", "int8", "fp32"), default=None,
+                   help="precision of the draft (default: same as --precision)")
+    p.add_argument("--block-size", type=flags.pos_int, default=32, help="int4 block size (default 32)")
+    p.add_argument("--accuracy-level", type=flags.nonneg_int, default=4, help="int4 MatMulNBits accuracy level (default 4)")
+    p.add_argument("--lm-head-bits", type=int, choices=(4, 8, 32), default=None,
+                   help="keep the output head at this many bits")
+    p.add_argument("--draft-vocab", type=flags.pos_int, default=None,
+                   help="prune the draft's lm_head to this many frequent token ids (FR-Spec), e.g. 32768")
+    p.add_argument("--force", action="store_true",
+                   help="replace --out even if it is not an edgespec export or holds other files (deletes them)")
+    p.add_argument("--graph-format", type=int, choices=(2, 3, 4), default=None,
+                   help="3: in-place KV cache and fused GroupQueryAttention; 4: in-place per-KV-head cache and "
+                        "grouped attention (each KV head read once per query group); 2: the traced graph "
+                        "(default: 3 where both models allow it — Qwen2/Llama, head size a multiple of 16 — else 2)")
+    p.add_argument("--voice", action="store_true",
+                   help="prepare the speech-recognition model of `edgespec voice` (Moonshine) instead of a pair")
+
+
+def add_info_parser(sub) -> None:
+    """Add the ``info`` subcommand to the CLI's subparsers."""
+    p = sub.add_parser("info", help="print an export's manifest and validation figures")
+    p.add_argument("dir", nargs="?")
+    add_provider_options(p)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--verify", action="store_true",
+                   help="check every file's size and sha256 against the manifest (exit 1 on a mismatch)")
+
+
+def cmd_export(a) -> int:
+    """``edgespec export``: prints the export directory (or the prepared voice model)."""
+    try:
+        from edgespec.export import ExportOptions, export_pair
+    except ImportError:
+        raise EdgespecError(NO_EXPORTER) from None
+    if a.voice:
+        from edgespec.export.voice import prepare_moonshine
+
+        print(prepare_moonshine(a.out))
+        return 0
+    fmt = {} if a.graph_format is None else {"graph_format": a.graph_format}
+    t = ExportOptions(a.precision, a.block_size, a.accuracy_level, a.lm_head_bits, **fmt)
+    d = ExportOptions(a.draft_precision or a.precision, a.block_size, a.accuracy_level, a.lm_head_bits,
+                      a.draft_vocab, **fmt)
+    target, draft = a.target, a.draft
+    if a.pair is not None:
+        if target or draft:
+            raise EdgespecError("give either a pair recipe or --target/--draft, not both")
+        target = a.pair
+        from edgespec import models
+
+        if a.pair not in models.available():
+            raise EdgespecError(f"unknown pair recipe {a.pair!r} (known: {', '.join(models.available())})")
+    out = export_pair(target, draft, a.out, t, d, force=a.force)
+    print(out)
+    return 0
+
+
+def cmd_info(a) -> int:
+    """``edgespec info``: the manifest as text or JSON; ``--verify``: exit 1 on a file that does not match."""
+    from onnxruntime import get_available_providers as available_providers
+
+    from ..io.manifest import load_manifest
+    from ..io.onnx_model import parse_provider_options, resolve_provider, short_provider_name
+
+    d = export_dir(a.dir, auto_export=False)
+    m = load_manifest(d)
+    if a.verify:
+        return _verify(d, m)
+    full, why = resolve_provider(a.provider)
+    parse_provider_options(a.provider_option)
+    provider = {"requested": a.provider, "used": short_provider_name(full), "fallback_reason": why,
+                "available": [short_provider_name(p) for p in available_providers()]}
+    if a.json:
+        print(json.dumps({**json.loads(m.to_json()), "execution_provider": provider}))
+        return 0
+    print(f"{m.name}  ({d})")
+    for role in ("target", "draft"):
+        g = getattr(m, role)
+        q = g.quantization
+        print(f"{role}: {g.architecture}, {g.num_layers} layers, {g.num_kv_heads} KV heads × {g.head_dim}, "
+              f"logits {g.vocab_size}, {q.precision}"
+              + (f" (block {q.block_size}, accuracy level {q.accuracy_level})" if q.block_size else "")
+              + f", lm_head {q.lm_head_bits} bits, embedding {q.embedding_bits} bits, graph format {g.graph_format}")
+        print(f"  source: {g.source}  sha256 {g.source_sha256[:16]}…")
+        v = g.validation.get("fp32", {})
+        if v:
+            print(f"  fp32 vs PyTorch max|Δ|: prefill {v['max_abs_prefill']:.1e}, with past "
+                  f"{v['max_abs_with_past']:.1e}; with past vs full recompute {v['max_abs_past_vs_full']:.1e}")
+        qv = g.validation.get("quantized")
+        if qv:
+            print(f"  {q.precision} vs fp32: greedy agreement {qv['greedy_agreement']:.3f} over {qv['positions']} "
+                  f"positions, max|Δ logit| {qv['max_abs_logit_error']:.2f}")
+    st = m.special_tokens
+    print(f"stop tokens: {list(st.stop)}; eos {st.eos}; context {min(m.target.context_length, m.draft.context_length)}")
+    print(f"execution provider: {provider['used']}" + (f" ({why})" if why else
+                                                       f" (available here: {', '.join(provider['available'])})"))
+    return 0
+
+
+def _verify(d: Path, m) -> int:
+    """``info --verify``: every file's size and sha256 against the manifest, one line each."""
+    from ..io.integrity import check_file
+
+    if not m.files:
+        print(f"{d}: this export records no file sizes or hashes (exported before edgespec kept them); "
+              "export it again to verify it", file=sys.stderr)
+        return 0
+    bad = 0
+    for rel, entry in m.files.items():
+        try:
+            check_file(d / rel, entry, verify="always")
+            print(f"ok  {rel}  {entry.size} bytes  sha256 {entry.sha256[:16]}…")
+        except EdgespecError as e:
+            bad += 1
+            print(f"edgespec: error: {e}", file=sys.stderr)
+    print(f"{len(m.files) - bad}/{len(m.files)} files match the manifest")
+    return 1 if bad else 0
