@@ -19,9 +19,9 @@ import numpy as np
 from ..control.kpolicy import FixedK, KPolicy
 from ..core.coupling import GumbelCoupling
 from ..core.processors import Pipeline, pipeline_for, process_rows, token_logprobs
-from ..core.round import Proposal, RoundPlan, RoundResult, Situation
+from ..core.round import Proposal, RoundPlan, RoundResult
 from ..core.sampling import (SamplingParams, accept_reject, follow_choices, greedy_accept, probs, sample,
-                             top1_probability, verify_tree)
+                             verify_tree)
 from ..core.stats import GenerationStats
 from ..core.token_tree import TokenTree
 from ..draft import Proposer, resolve
@@ -33,7 +33,7 @@ from ..io.loading import check_export, open_export
 from ..io.manifest import Manifest
 from ..io.onnx_model import CPU, KVCache, OnnxLM, SessionMemory, resolve_provider, use_shared_thread_pool
 from ..io.text import ChatTemplate
-from .generation import Generation, GenerationOptions
+from .generation import Generation, GenerationOptions, run_rounds
 
 PREFILL_CHUNK = 256
 
@@ -79,7 +79,8 @@ class SpecDecoder:
         self.draft_model: DraftModel | None = DraftModel.load(draft, self.width) if draft is not None else None
         # what proposers keep across rounds and generations, by name (the suffix tree's corpus): not reset
         self.memory: dict = {}
-        self._generation = 0  # counts generations, so that an abandoned one does not report its end late
+        # generations that started their rounds (run_rounds): one that a newer one replaced does not report its end
+        self.generations = 0
         # the running generation's Gumbel coupling (seeded, drafter-invariant sampling), or None: proposers that
         # sample from q read it (see :mod:`.coupling`)
         self.coupling: GumbelCoupling | None = None
@@ -384,22 +385,6 @@ class SpecDecoder:
         stats.mode = "spec" if drafts else "+".join(p.name for p in proposers) or "plain"
         return self._generate(list(input_ids), o, proposers, policy, stats, pipeline)
 
-    def _plan(self, policy: KPolicy, proposers: list[Proposer], cap: int, remaining: int) -> RoundPlan:
-        """Ask the policy, then keep the plan feasible: only offered proposers, sizes within ``cap``, a catch-up
-        only where a draft is in use."""
-        if not proposers:
-            return RoundPlan()
-        L = len(self.tokens) - 1
-        lag = L + 1 - self.dcache.length if self.dcache is not None else 0
-        ctx = self.context()
-        offers = tuple(p.offer(ctx, cap) for p in proposers)
-        plan = policy.choose(Situation(offers, lag, remaining))
-        if plan.proposer is not None and plan.proposer not in proposers:
-            return RoundPlan()  # asked for a source this generation does not use
-        drafting = self.dcache is not None and any(p.uses_draft for p in proposers)
-        return RoundPlan(plan.proposer, max(0, min(plan.k, cap)), max(0, min(plan.n_nodes, cap)),
-                         max(0, plan.catchup_tokens) if drafting else 0)
-
     def _generate(self, input_ids, o: GenerationOptions, proposers, policy: KPolicy, stats: GenerationStats,
                   pipeline: Pipeline | None):
         """The generation's processors and logprobs setting are the decoder's for its duration (a newer
@@ -407,62 +392,10 @@ class SpecDecoder:
         self.processor, self.logprobs_top, self.step_logprobs = pipeline, o.logprobs, []
         owner = self._processing_owner = object()
         try:
-            yield from self._generate_rounds(input_ids, o, proposers, policy, stats)
+            yield from run_rounds(self, input_ids, o, proposers, policy, stats)
         finally:
             if self._processing_owner is owner:
                 self.processor = self.logprobs_top = None
-
-    def _generate_rounds(self, input_ids, o: GenerationOptions, proposers, policy: KPolicy, stats: GenerationStats):
-        stats.prompt_tokens = len(input_ids)
-        sp = o.sampling
-        rng = np.random.default_rng(o.seed)
-        coupling = None
-        if o.coupled:
-            seed = o.seed if o.seed is not None else int(np.random.SeedSequence().entropy % (1 << 64))
-            coupling = GumbelCoupling(seed, self.width)
-        stats.coupling = "gumbel" if coupling is not None else ("greedy" if sp.greedy else "standard")
-        t_start = time.perf_counter()
-        new, result = [self.prefill(input_ids, sp, rng, coupling)], None
-        stats.prefill_ms = (time.perf_counter() - t_start) * 1e3
-        self._generation = generation = self._generation + 1
-        policy.begin()
-        try:
-            while True:
-                room = o.max_new_tokens - stats.new_tokens
-                stop = next((i for i, t in enumerate(new) if t in self.stop_ids), None)
-                if stop is not None and stop >= room:
-                    stop = None
-                used = stop + 1 if stop is not None else min(len(new), room)  # the stop token is generated
-                if result is not None:
-                    stats.record_round(result, used)
-                stats.new_tokens += used
-                emitted = new[:used - (stop is not None)]
-                if self.logprobs_top is not None:
-                    stats.token_logprobs += self.step_logprobs[:len(emitted)]
-                if stop is not None:
-                    stats.stop_reason = "stop_token"
-                yield emitted, min(result.accepted if result is not None else 0, len(emitted))
-                stats.wall_ms = (time.perf_counter() - t_start) * 1e3
-                if stop is not None:
-                    break
-                remaining = o.max_new_tokens - stats.new_tokens
-                L = len(self.tokens) - 1
-                if remaining <= 0:
-                    stats.stop_reason = "max_new_tokens"
-                    break
-                if L >= self.context_length:
-                    stats.stop_reason = "context"
-                    break
-                cap = min(remaining - 1, self.context_length - 1 - L)  # also caps a tree's node count
-                result = self.run_round(self._plan(policy, proposers, cap, remaining), sp, rng, coupling)
-                policy.observe(result)
-                if result.logits is not None and proposers:  # the target's top-1 probability, temperature 1
-                    policy.observe_confidence(top1_probability(result.logits))
-                new = result.tokens
-        finally:  # also when the caller stops iterating early; not for a generation a newer one replaced
-            if self._generation == generation:
-                policy.end(stats.new_tokens)
-        stats.wall_ms = (time.perf_counter() - t_start) * 1e3
 
     def generate(self, prompt: str | None = None, *, messages: list[dict] | None = None,
                  input_ids: list[int] | None = None, options: GenerationOptions | None = None,

@@ -1,14 +1,21 @@
-"""What a generation is asked to do (:class:`GenerationOptions`) and a running one (:class:`Generation`)."""
+"""What a generation is asked to do (:class:`GenerationOptions`), how it runs (:func:`run_rounds`, the emission
+loop, and :func:`plan_round`), and a running one (:class:`Generation`, streaming text)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, fields
 from typing import Iterator
 
+import numpy as np
+
+from ..control.kpolicy import KPolicy
+from ..core.coupling import GumbelCoupling
 from ..core.processors import MAX_TOP_LOGPROBS, Processing
-from ..draft import PROPOSERS, Proposer
-from ..core.sampling import SamplingParams
+from ..core.round import RoundPlan, Situation
+from ..core.sampling import SamplingParams, top1_probability
 from ..core.stats import GenerationStats
+from ..draft import PROPOSERS, Proposer
 from ..io.text import IncrementalDetokenizer
 
 COUPLINGS = ("auto", "gumbel", "standard")
@@ -114,6 +121,82 @@ class GenerationOptions:
                             f"{', '.join(sorted(names))} (mode/lookup/tree became proposers=(...))")
         base = base or cls()
         return cls(**{**{n: getattr(base, n) for n in names}, **overrides})
+
+
+def plan_round(decoder, policy: KPolicy, proposers: list[Proposer], cap: int, remaining: int) -> RoundPlan:
+    """The next round of ``decoder`` (a :class:`~edgespec.engine.decoder.SpecDecoder`): the policy chooses among
+    the proposers' offers (at most ``cap`` tokens each; ``remaining`` of ``max_new_tokens`` left), then the plan is
+    kept feasible: only offered proposers, sizes within ``cap``, a catch-up only where a draft is in use."""
+    if not proposers:
+        return RoundPlan()
+    L = len(decoder.tokens) - 1
+    lag = L + 1 - decoder.dcache.length if decoder.dcache is not None else 0
+    ctx = decoder.context()
+    offers = tuple(p.offer(ctx, cap) for p in proposers)
+    plan = policy.choose(Situation(offers, lag, remaining))
+    if plan.proposer is not None and plan.proposer not in proposers:
+        return RoundPlan()  # asked for a source this generation does not use
+    drafting = decoder.dcache is not None and any(p.uses_draft for p in proposers)
+    return RoundPlan(plan.proposer, max(0, min(plan.k, cap)), max(0, min(plan.n_nodes, cap)),
+                     max(0, plan.catchup_tokens) if drafting else 0)
+
+
+def run_rounds(decoder, input_ids: list[int], o: GenerationOptions, proposers: list[Proposer], policy: KPolicy,
+               stats: GenerationStats) -> Iterator[tuple[list[int], int]]:
+    """The emission loop of one generation on ``decoder`` (a :class:`~edgespec.engine.decoder.SpecDecoder`): prefill
+    ``input_ids``, then plan (:func:`plan_round`), run (``decoder.run_round``) and observe one round at a time,
+    yielding ``(new token ids, how many of them are accepted proposal tokens)`` per target run until a stop token
+    (not yielded), ``o.max_new_tokens`` or the end of the context; ``stats`` is filled in place (times in ms)."""
+    stats.prompt_tokens = len(input_ids)
+    sp = o.sampling
+    rng = np.random.default_rng(o.seed)
+    coupling = None
+    if o.coupled:
+        seed = o.seed if o.seed is not None else int(np.random.SeedSequence().entropy % (1 << 64))
+        coupling = GumbelCoupling(seed, decoder.width)
+    stats.coupling = "gumbel" if coupling is not None else ("greedy" if sp.greedy else "standard")
+    t_start = time.perf_counter()
+    new, result = [decoder.prefill(input_ids, sp, rng, coupling)], None
+    stats.prefill_ms = (time.perf_counter() - t_start) * 1e3
+    decoder.generations = generation = decoder.generations + 1
+    policy.begin()
+    try:
+        while True:
+            room = o.max_new_tokens - stats.new_tokens
+            stop = next((i for i, t in enumerate(new) if t in decoder.stop_ids), None)
+            if stop is not None and stop >= room:
+                stop = None
+            used = stop + 1 if stop is not None else min(len(new), room)  # the stop token is generated
+            if result is not None:
+                stats.record_round(result, used)
+            stats.new_tokens += used
+            emitted = new[:used - (stop is not None)]
+            if decoder.logprobs_top is not None:
+                stats.token_logprobs += decoder.step_logprobs[:len(emitted)]
+            if stop is not None:
+                stats.stop_reason = "stop_token"
+            yield emitted, min(result.accepted if result is not None else 0, len(emitted))
+            stats.wall_ms = (time.perf_counter() - t_start) * 1e3
+            if stop is not None:
+                break
+            remaining = o.max_new_tokens - stats.new_tokens
+            L = len(decoder.tokens) - 1
+            if remaining <= 0:
+                stats.stop_reason = "max_new_tokens"
+                break
+            if L >= decoder.context_length:
+                stats.stop_reason = "context"
+                break
+            cap = min(remaining - 1, decoder.context_length - 1 - L)  # also caps a tree's node count
+            result = decoder.run_round(plan_round(decoder, policy, proposers, cap, remaining), sp, rng, coupling)
+            policy.observe(result)
+            if result.logits is not None and proposers:  # the target's top-1 probability, temperature 1
+                policy.observe_confidence(top1_probability(result.logits))
+            new = result.tokens
+    finally:  # also when the caller stops iterating early; not for a generation a newer one replaced
+        if decoder.generations == generation:
+            policy.end(stats.new_tokens)
+    stats.wall_ms = (time.perf_counter() - t_start) * 1e3
 
 
 class Generation:
