@@ -31,6 +31,27 @@ export function causalMask(past: number, t: number): Uint8Array {
   return m;
 }
 
+/**
+ * A tree verify's feeds as the Python decoder builds them (edgespec/engine/decoder.py `_verify`): the root (the
+ * last committed token) then N nodes, `parents[i]` < i the parent of node i (-1: the root), after `past`
+ * cached positions. Returns `positionIds` int (N+1,) = past + [0, depth of each node] and `mask` bool
+ * (1, 1, N+1, past+N+1) as bytes: every past key, then the root, each row's ancestors and itself
+ * (edgespec/core/token_tree.py `ancestors_mask`). Throws EdgespecError: a parent that is not an earlier node.
+ */
+export function treeFeeds(parents: readonly number[], past: number): { positionIds: number[]; mask: Uint8Array } {
+  const n = parents.length, width = past + n + 1;
+  const mask = new Uint8Array((n + 1) * width), depth = [0];
+  mask.fill(1, 0, past + 1); // the root's row
+  parents.forEach((par, i) => {
+    if (!Number.isInteger(par) || par < -1 || par >= i) throw new EdgespecError(`tree node ${i} has parent ${par} (not an earlier node)`);
+    const row = (i + 1) * width, from = (par + 1) * width;
+    mask.set(mask.subarray(from, from + width), row); // the parent's row: the past, the root, its ancestors
+    mask[row + past + i + 1] = 1;
+    depth.push(depth[par + 1] + 1);
+  });
+  return { positionIds: depth.map((d) => past + d), mask };
+}
+
 /** A run's own position ids and mask (a tree verify); default: P.. and causal. */
 export interface ForwardOptions {
   /** int (T,): each new row's position (a tree node's depth after the past). */

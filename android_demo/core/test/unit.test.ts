@@ -8,7 +8,7 @@ import { EdgespecError } from "../src/errors.js";
 import { compareRows, top2 } from "../src/evaluate.js";
 import { KVCache, pastNames, WINDOW, widenMask } from "../src/kvcache.js";
 import { parseManifest } from "../src/manifest.js";
-import { causalMask } from "../src/model.js";
+import { causalMask, treeFeeds } from "../src/model.js";
 import { readNpyInt64 } from "../src/npy.js";
 import { Rng } from "../src/rng.js";
 import { acceptReject, greedyAccept, probs, sample, samplingParams } from "../src/sampling.js";
@@ -173,6 +173,15 @@ test("widenMask: the window rows past the cache hidden, the new rows' mask moved
   const w = widenMask(m, 3, 2, 6);
   assert.deepEqual([...w], [1, 1, 1, 0, 0, 0, 1, 0, 1, 1, 1, 0, 0, 0, 1, 1]);
   assert.equal(widenMask(m, 3, 2, 3), m);
+});
+
+test("treeFeeds: positions past + depth, the mask every past key, the root and each node's ancestors", () => {
+  const { positionIds, mask } = treeFeeds([-1, 0, 0, 1], 2);
+  assert.deepEqual(positionIds, [2, 3, 4, 4, 5]);
+  assert.deepEqual([...mask], [1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 1, 0,
+    1, 1, 1, 1, 1, 0, 1]);
+  assert.deepEqual([...treeFeeds([-1, 0, 1], 1).mask], [...causalMask(1, 4)], "a chain: the causal mask");
+  assert.throws(() => treeFeeds([-1, 1], 0), /tree node 1 has parent 1/);
 });
 
 test("causalMask: past visible, new keys up to the query", () => {
