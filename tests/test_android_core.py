@@ -1,8 +1,8 @@
 """The TypeScript core (android_demo/core) against the Python runtime, and the app (android_demo/app) bundled.
 
 Opt-in (``pytest --android-core``; CI runs it after ``npm ci`` in android_demo/core and android_demo/app):
-- writes test vectors with ``android_demo/core/scripts/make_vectors.py`` for the tiny pair in graph formats 2
-  and 3 and the tiny self-pair (draft == target), then runs ``npm test`` on them; with ``--real-pair`` also on
+- writes test vectors with ``android_demo/core/scripts/make_vectors.py`` for the tiny pair in graph formats 2,
+  3 and 4 and the tiny self-pair (draft == target), then runs ``npm test`` on them; with ``--real-pair`` also on
   the real default pair in the user cache;
 - bundles the app with Metro (``react-native bundle``) and compiles the bundle with the ``hermesc`` that the
   ``react-native`` package ships, failing on any error;
@@ -77,6 +77,7 @@ def tiny_vectors(home, tiny_dirs, tiny_self_export, tiny_fim_export, tmp_path_fa
 
     pairs = [("pair2", _pair(tmp_path_factory, tiny_dirs, "core2", "draft", 2), 2000),
              ("pair3", _pair(tmp_path_factory, tiny_dirs, "core3", "draft", 3), 1000),
+             ("pair4", _pair(tmp_path_factory, tiny_dirs, "core4", "draft", 4), 1000),
              ("self", tiny_self_export, 500),  # the self-pair's sampling check is mostly about full acceptance
              ("fim", tiny_fim_export, 300)]  # its tokenizer has the FIM tokens (special) and tool-call tokens
     return _vectors(_make_vectors(), pairs, tmp_path_factory.mktemp("vectors"))

@@ -1,131 +1,152 @@
-"""Adaptive K: a measured cost model and an online acceptance estimate pick K each round.
+"""Adaptive K: the decision that picks each round, over the controller's estimators (:mod:`.estimators`).
 
 Expected tokens committed by a round of draft length K with per-token acceptance rate alpha (Leviathan et al.
-2023, eq. 1): ``E[tokens | K, alpha] = (1 - alpha^(K+1)) / (1 - alpha)``. The round costs
-``K·t_d + t_v(K+1)`` ms (draft step t_d, target verify of N rows t_v(N)). The controller picks the K ≤ K_max
-that maximizes tokens per ms, K = 0 (a plain target step, 1 token in t_v(1)) when speculation is not predicted
-to pay, with hysteresis against flapping and a probe round every ``probe_every`` plain steps so that it
-recovers when the text becomes predictable. A latency budget B removes every K whose predicted round time
-exceeds B.
+2023, eq. 1): ``E[tokens | K, alpha] = (1 - alpha^(K+1)) / (1 - alpha)``. The round costs ``K·t_d + t_v(K+1)``
+ms (draft step t_d, target verify of N rows t_v(N): :meth:`~edgespec.control.calibrate.CostModel.round_ms`).
+Over every offered proposer and size the controller picks the round with the most predicted tokens per ms, a
+plain step (1 token in t_v(1)) when none beats it by a margin (hysteresis against flapping), and a probe round
+every ``probe_every`` plain steps so that it recovers when the text becomes predictable. A latency budget B
+removes every size whose pessimistic (p90) round time exceeds B.
 
 Paying the draft's catch-up. Before the draft can propose it must read every token it has not seen (the
-prompt, at ~1.8 ms a token on the 0.5B draft here: ``bench/microbench.py``). That one-time cost is spread over the tokens the answer
-is still expected to run: the mean excess of this controller's earlier answers that ran longer, or, with no
-such history, as many tokens as the answer has run so far (rent or buy: pay once what plain decoding has
-already lost would have paid for it). Short answers (a voice assistant's 10–20 tokens) therefore never pay
-it, and a session that has seen them stops paying it. Until the controller has seen a draft round, acceptance
-is estimated from the target's own top-1 probabilities at plain steps. With a latency budget, a catch-up too
-long for one round runs in pieces after plain steps (plans with ``catchup_tokens``), and every check uses the 90th
-percentile of recent measured / predicted round times rather than the mean.
+prompt, at ~1.8 ms a token on the 0.5B draft here: ``bench/microbench.py``). That one-time cost is spread over
+the tokens the answer is still expected to run (:class:`~.estimators.AnswerLengths`: the mean excess of this
+controller's earlier answers that ran longer, or, with no such history, as many tokens as the answer has run so
+far: rent or buy). Short answers (a voice assistant's 10–20 tokens) therefore never pay it, and a session that
+has seen them stops paying it. With a latency budget, a catch-up too long for one round runs in pieces after
+plain steps (plans with ``catchup_tokens``).
 
-A cost model that cannot go stale: the calibrated curves t_v(N) and t_d are shapes; their scale is measured all
-the time. Every plain step and every verify measures t_v(N) and every draft step t_d, and the medians of the last 8 measured /
-calibrated ratios rescale the target's and the draft's curves (the draft follows the target's scale until its
-own steps are measured). A calibration taken on a busy machine, 3× too slow, is therefore corrected after a few
-plain steps instead of keeping the controller from ever drafting.
-
-Every estimate (acceptance, overhead factor, tries) is kept per proposer, keyed by its name; a proposer is
-costed by what it declares: the draft model's chain (K draft steps), its tree (one draft run per level), or no
-model (verify rows only, like prompt lookup: up to ``free_k_max`` tokens, with acceptance tracked per matched
-n-gram length, as a 4-gram match is accepted far more often than a 2-gram one). Pure decision logic: the costs come in a :class:`CostModel`
-measured by :mod:`.calibrate`.
+What the decision reads: :class:`~.estimators.Acceptance` (alpha per proposer and per match, the target's
+confidence as the prior of a draft never run), :class:`~.estimators.TreeAcceptance` (tokens per node budget),
+:class:`~.estimators.AnswerLengths` and :class:`~.estimators.RoundCosts` (the calibrated curves rescaled by
+the measured :class:`~.estimators.ModelScales`, so a stale calibration corrects itself within a few rounds;
+overhead factors; the p90 of :class:`~.estimators.RoundTimeSpread`; the catch-up per token). Every estimate is
+kept per proposer, keyed by its name, and a proposer is costed only by what it declares: ``uses_draft`` (it
+pays draft steps and the catch-up), ``sized_by_nodes`` (its size is a node count), ``draft_runs(size)`` (the
+draft term of the round time). No proposer class is imported. Pure decision logic: the costs come in a
+:class:`CostModel` measured by :mod:`.calibrate`.
 """
 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .calibrate import CostModel
-from .estimators import AnswerLengths, ModelScales, RoundTimeSpread
+from .estimators import Acceptance, AnswerLengths, ModelScales, RoundCosts, TreeAcceptance, expected_tokens
 from .kpolicy import KPolicy
-from ..core.round import RoundPlan, RoundResult, Situation
-from ..draft.base import PROPOSERS, Proposer
-from ..core.token_tree import TreeShape
+from ..core.round import Offer, RoundPlan, RoundResult, Situation
+
+if TYPE_CHECKING:
+    from ..draft.base import Proposer
 
 __all__ = ["AdaptiveK", "CostModel", "expected_tokens"]
 
-_DRAFT = PROPOSERS["draft"]()  # the proposer alpha() describes by default: the draft model's chain
+DRAFT_CHAIN = "draft"  # the name the draft model's chain is registered under: what alpha() describes by default
 
 
-def expected_tokens(k: int, alpha: float) -> float:
-    """E[committed tokens] for draft length K at acceptance rate alpha (Leviathan et al. 2023, eq. 1)."""
-    if alpha >= 1.0:
-        return k + 1.0
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+def _through(estimator: str, attr: str, doc: str) -> property:
+    """An attribute of AdaptiveK that is ``attr`` of its estimator ``estimator`` (read and written there)."""
+    return property(lambda self: getattr(getattr(self, estimator), attr),
+                    lambda self, value: setattr(getattr(self, estimator), attr, value), doc=doc)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """The best size of one offer: ``size`` (K, or N nodes) and its predicted ``rate`` in tokens/ms (size 0,
+    rate -1: no size fits the budget)."""
+
+    offer: Offer
+    size: int = 0
+    rate: float = -1.0
+
+    @property
+    def proposer(self) -> "Proposer":
+        """The offer's proposer."""
+        return self.offer.proposer
 
 
 class AdaptiveK(KPolicy):
-    """K policy (see module docstring).
+    """K policy (see module docstring): estimators (:mod:`.estimators`) and a decision over them.
 
-    Costs: the calibrated model predicts each option's round time; a per-proposer overhead factor, learned
-    from measured rounds (EWMA of measured / predicted), adds what the model leaves out (sampling
-    arithmetic over the vocabulary, the draft's catch-up, cache effects of alternating two models). Plain
-    steps are costed by their own measured EWMA. Proposals without a model cost t_v(K+1) (no draft run) and
-    have their own acceptance estimate (prior ``lookup_alpha0``); a tree of N nodes costs t_v(N+1) plus one
-    draft run per level.
+    ``alpha0``: the prior acceptance of a draft-model proposer; ``model_free_alpha0`` (default 0.7): that of a
+    proposer without a model (prompt lookup, suffix, grammar; its old keyword ``lookup_alpha0=`` is still read);
+    ``decay``: the acceptance counts' forgetting per round; ``hysteresis``: the margin by which a round must beat
+    plain decoding in predicted tokens/ms (``catchup_margin`` when it means paying a draft catch-up longer than a
+    plain step); ``probe_every`` / ``probe_k``: a probe round of ``probe_k`` after that many plain steps;
+    ``tree_budgets``: the node counts tried for proposers sized by nodes; ``free_k_max``: the longest proposal
+    of a model-free proposer (default 2 × ``k_max``: it costs only verified rows). ``latency_budget_ms``: ms
+    per round, None for none.
+
+    Raises:
+        ValueError: both ``model_free_alpha0`` and its old name ``lookup_alpha0`` given.
     """
 
     honours_budget = True
 
     def __init__(self, cost: CostModel, k_max: int = 6, latency_budget_ms: float | None = None,
                  alpha0: float = 0.7, decay: float = 0.8, hysteresis: float = 0.03, probe_every: int = 8,
-                 probe_k: int = 2, lookup_alpha0: float = 0.7, tree_budgets: tuple[int, ...] = (4, 6, 8, 12),
-                 catchup_margin: float = 0.10, free_k_max: int | None = None):
-        self.cost, self.k_max, self.latency_budget_ms = cost, k_max, latency_budget_ms
-        # proposals without a model cost only verified rows: they may run longer than a draft chain
+                 probe_k: int = 2, model_free_alpha0: float | None = None,
+                 tree_budgets: tuple[int, ...] = (4, 6, 8, 12), catchup_margin: float = 0.10,
+                 free_k_max: int | None = None, *, lookup_alpha0: float | None = None):
+        if lookup_alpha0 is not None:
+            if model_free_alpha0 is not None:
+                raise ValueError("give model_free_alpha0 or its old name lookup_alpha0, not both")
+            model_free_alpha0 = lookup_alpha0
+        self.k_max, self.latency_budget_ms = k_max, latency_budget_ms
         self.free_k_max = 2 * k_max if free_k_max is None else free_k_max
-        self._offered_match: dict[str, int] = {}  # the match of each proposer's offer in the last choose()
-        self.alpha0, self.lookup_alpha0, self.catchup_margin = alpha0, lookup_alpha0, catchup_margin
-        self.counts: dict[str, list[float]] = {}  # pseudo-counts of accepted / rejected tokens, per proposer
-        self.overhead: dict[str, float] = {}  # measured / modelled round time per proposer (learned)
-        self.rounds: dict[str, int] = {}  # rounds observed per proposer over this controller's life
-        # measured / calibrated time of the target's plain step and of the draft's step, newest last: their
-        # medians rescale the calibrated curves, so a stale calibration corrects itself within a few rounds
-        self.scales = ModelScales()
-        self.catchup_measured_ms: float | None = None  # per token the draft has not seen, once measured
-        self.decay, self.hysteresis = decay, hysteresis
+        self.hysteresis, self.catchup_margin = hysteresis, catchup_margin
         self.probe_every, self.probe_k = probe_every, probe_k
-        self.plain_run = 0
-        # trees: EWMA of accepted tokens per round for each node budget, optimistic start (the chain's
-        # expectation at the tree's depth) so that every budget gets tried
-        self.tree_budgets = tree_budgets
-        self.tree_accepted: dict[str, dict[int, float]] = {}
-        self.conf_sum, self.conf_n = 0.0, 0  # the target's top-1 probabilities at plain steps (this answer)
-        self.answer = AnswerLengths()  # new tokens of this controller's finished answers and of the current one
-        # recent measured / modelled round-time ratios per proposer (None: plain steps); a budget plans with p90
-        self.spread = RoundTimeSpread()
+        self.plain_run = 0  # plain steps since the last proposal: a probe after probe_every
+        self._offered_match: dict[str, int] = {}  # the match of each proposer's offer in the last choose()
+        self.acceptance = Acceptance(alpha0, 0.7 if model_free_alpha0 is None else model_free_alpha0, decay)
+        self.trees = TreeAcceptance(alpha0, tree_budgets)
+        self.costs = RoundCosts(cost)
+        self.answer = AnswerLengths()
         self.memory_path = None  # where end() writes the learned state (for_decoder(memory=...))
 
+    # what the estimators hold, under the names this class always had
+    cost = _through("costs", "cost", "The calibrated :class:`CostModel`.")
+    counts = _through("acceptance", "counts", "Acceptance pseudo-counts [accepted, rejected] per proposer (and "
+                      "``name/match``).")
+    rounds = _through("acceptance", "rounds", "Rounds observed per proposer over this controller's life.")
+    decay = _through("acceptance", "decay", "The acceptance counts' forgetting factor per round.")
+    model_free_alpha0 = _through("acceptance", "model_free_alpha0", "Prior alpha of a proposer without a model.")
+    lookup_alpha0 = _through("acceptance", "model_free_alpha0", "The former name of ``model_free_alpha0``.")
+    conf_sum = _through("acceptance", "conf_sum", "Sum of the target's top-1 probabilities at plain steps.")
+    conf_n = _through("acceptance", "conf_n", "Plain steps whose top-1 probability was observed (this answer).")
+    tree_accepted = _through("trees", "accepted", "EWMA of accepted tokens per round, per proposer and node budget.")
+    tree_budgets = _through("trees", "budgets", "The node budgets tried for proposers sized by nodes.")
+    overhead = _through("costs", "overhead", "Measured / modelled round time per proposer (EWMA).")
+    catchup_measured_ms = _through("costs", "catchup_measured_ms", "Measured catch-up per unseen token (ms), or None.")
+    scales = _through("costs", "scales", "The target's and the draft's measured / calibrated time (ModelScales).")
+    spread = _through("costs", "spread", "Recent measured / modelled round-time ratios (RoundTimeSpread).")
+    lengths = _through("answer", "lengths", "New tokens of this controller's finished answers (the last 32), newest "
+                       "last.")
+    generated = _through("answer", "generated", "New tokens of the current answer so far.")
+
     @property
-    def lengths(self) -> list[int]:
-        """New tokens of this controller's finished answers (the last 32), newest last."""
-        return self.answer.lengths
+    def alpha0(self) -> float:
+        """Prior alpha of a draft-model proposer (and of a tree's first rounds)."""
+        return self.acceptance.alpha0
 
-    @lengths.setter
-    def lengths(self, lengths: list[int]) -> None:
-        self.answer.lengths = lengths
-
-    @property
-    def generated(self) -> int:
-        """New tokens of the current answer so far."""
-        return self.answer.generated
-
-    @generated.setter
-    def generated(self, n: int) -> None:
-        self.answer.generated = n
+    @alpha0.setter
+    def alpha0(self, value: float) -> None:
+        self.acceptance.alpha0 = self.trees.alpha0 = value
 
     @property
     def scale_samples(self) -> dict[str, list[float]]:
         """The last 8 measured / calibrated times of the target and the draft (:class:`.estimators.ModelScales`)."""
         return self.scales.samples
 
-    # -- answer length ----------------------------------------------------------------------------------
+    # -- the answer -------------------------------------------------------------------------------------
 
     def begin(self) -> None:
         """A new answer starts (called by the decoder after its prefill)."""
         self.answer.begin()
         self.plain_run = 0
-        self.conf_sum, self.conf_n = 0.0, 0
+        self.acceptance.begin()
 
     def end(self, new_tokens: int) -> None:
         """The answer ended with ``new_tokens`` tokens; remembered (last 32) to predict later answers' length.
@@ -135,6 +156,18 @@ class AdaptiveK(KPolicy):
             from .memory import write_state
 
             write_state(self.memory_path, self.state())
+
+    def expected_remaining(self, horizon: int) -> float:
+        """Expected new tokens still to come in this answer, at most ``horizon``.
+
+        From the earlier answers of this controller (and, with ``memory``, of earlier processes on this device
+        and export) that ran longer than the current one: their mean excess; if none ran longer, the current
+        length itself (an answer that has run n tokens is expected to run about n more: the rule of a
+        scale-free length prior, and the break-even rule of rent-or-buy problems). With no answer seen at all,
+        the larger of that and half the tokens the request still allows (``horizon``: ``max_new_tokens`` less
+        those out), the mean of a length uniform up to the request's limit.
+        """
+        return self.answer.expected_remaining(horizon)
 
     # -- what persists ----------------------------------------------------------------------------------
 
@@ -157,241 +190,213 @@ class AdaptiveK(KPolicy):
         self.scales = ModelScales()
         for model, samples in state["scale_samples"].items():
             for r in samples:
-                self._sample_scale(model, r)
-
-    def expected_remaining(self, horizon: int) -> float:
-        """Expected new tokens still to come in this answer, at most ``horizon``.
-
-        From the earlier answers of this controller (and, with ``memory``, of earlier processes on this device
-        and export) that ran longer than the current one: their mean excess; if none ran longer, the current
-        length itself (an answer that has run n tokens is expected to run about n more: the rule of a
-        scale-free length prior, and the break-even rule of rent-or-buy problems). With no answer seen at all,
-        the larger of that and half the tokens the request still allows (``horizon``: ``max_new_tokens`` less
-        those out), the mean of a length uniform up to the request's limit.
-        """
-        return self.answer.expected_remaining(horizon)
+                self.scales.sample(model, r)
 
     # -- estimates --------------------------------------------------------------------------------------
 
-    def alpha(self, proposer: Proposer | None = None, match: int = 0) -> float:
+    def alpha(self, proposer: "Proposer | None" = None, match: int = 0) -> float:
         """Current acceptance estimate of ``proposer`` (default: the draft model's chain), in [0, 1]; with
-        ``match`` > 0, that of its offers of that match (prompt lookup: per matched n-gram length, since longer
-        matches are accepted more often).
-
-        Before this controller has seen any round of a draft-model chain, its estimate is the mean top-1
-        probability of the target over the plain steps so far when the decoder reports it
-        (:meth:`observe_confidence`): a free proxy of greedy acceptance (over the 12 built-in benchmark prompts,
-        agreement 0.64 on chat to 0.98 on code, the two differed by 0.03 at the median and 0.11 at most:
-        ``bench/confidence_proxy.py``), with the prior ``alpha0`` weighing as 4 steps."""
-        p = proposer or _DRAFT
-        if p.uses_draft and not self.rounds.get(p.name):  # prior alpha0 weighs as much as 4 plain steps
-            return (4 * self.alpha0 + self.conf_sum) / (4 + self.conf_n)
-        a, r = self._counts(p, match)
-        return a / (a + r)
-
-    def _counts(self, p: Proposer, match: int = 0) -> list[float]:
-        """Pseudo-counts [accepted, rejected] of ``p``; with ``match`` > 0 those of its offers of that match
-        (prompt lookup: of that n-gram length), which start from the proposer's overall counts."""
-        if p.name not in self.counts:
-            a0 = self.alpha0 if p.uses_draft else self.lookup_alpha0
-            self.counts[p.name] = [a0 * 2, (1 - a0) * 2]
-        if match <= 0:
-            return self.counts[p.name]
-        key = f"{p.name}/{match}"
-        if key not in self.counts:
-            self.counts[key] = list(self.counts[p.name])
-        return self.counts[key]
-
-    def _tree_accepted(self, p: Proposer) -> dict[int, float]:
-        if p.name not in self.tree_accepted:
-            self.tree_accepted[p.name] = {b: expected_tokens(TreeShape.for_budget(b).depth, self.alpha0) - 1
-                                          for b in self.tree_budgets}
-        return self.tree_accepted[p.name]
-
-    def _tree_tokens(self, p: Proposer, n_nodes: int) -> float:
-        """Expected committed tokens of a tree round of ``n_nodes`` (accepted EWMA + 1; optimistic at first)."""
-        acc = self._tree_accepted(p)
-        if n_nodes not in acc:
-            acc[n_nodes] = expected_tokens(TreeShape.for_budget(n_nodes).depth, self.alpha0) - 1
-        return acc[n_nodes] + 1
+        ``match`` > 0, that of its offers of that match (:class:`.estimators.Acceptance`: before any round of a
+        draft-model proposer, the target's mean top-1 probability with the prior ``alpha0``)."""
+        if proposer is None:
+            return self.acceptance.alpha(DRAFT_CHAIN, True, match)
+        return self.acceptance.alpha(proposer.name, proposer.uses_draft, match)
 
     def observe_confidence(self, top1: float) -> None:
         """The target's top-1 probability (temperature 1) at a plain step."""
-        self.conf_sum += top1
-        self.conf_n += 1
+        self.acceptance.observe_confidence(top1)
 
-    # -- costs ------------------------------------------------------------------------------------------
+    def _tree_tokens(self, p: "Proposer", n_nodes: int) -> float:
+        """Expected committed tokens of a round of ``n_nodes`` of ``p`` (:class:`.estimators.TreeAcceptance`)."""
+        return self.trees.tokens(p.name, n_nodes)
+
+    def expected_tokens(self, p: "Proposer", size: int, match: int = 0) -> float:
+        """Expected committed tokens of a round of ``p`` of ``size``: measured per node budget for a proposer
+        sized by nodes, else eq. 1 of Leviathan et al. 2023 at ``p``'s alpha (of ``match``)."""
+        if p.sized_by_nodes:
+            return self._tree_tokens(p, size)
+        return expected_tokens(size, self.alpha(p, match))
+
+    # -- costs (ms, :class:`.estimators.RoundCosts`) ----------------------------------------------------
 
     def scale(self, model: str) -> float:
         """Measured / calibrated time of ``model`` ("target" or "draft"): the median of its last 8 measured
         runs (target: plain steps and verifies of N rows against t_v(N); draft: one-token steps), 1.0 before
         any. The draft follows the target's scale until its own steps are measured (a calibration made while
-        the machine was busy is off for both). Kept up to date by :meth:`_sample_scale`: ``choose`` asks for
-        it a dozen times a round."""
+        the machine was busy is off for both)."""
         return self.scales.scale(model)
 
     @property
     def plain_ms(self) -> float:
         """Predicted plain target step (ms): calibrated t_v(1) times the target's measured scale."""
-        return self.cost.t_verify(1) * self.scale("target")
+        return self.costs.plain_ms
 
     @property
     def draft_step_ms(self) -> float:
         """Predicted one-token draft step (ms): calibrated t_d times the draft's measured scale."""
-        return self.cost.draft_ms * self.scale("draft")
+        return self.costs.draft_step_ms
 
     @property
     def catchup_ms(self) -> float:
         """Predicted draft catch-up per unseen token (ms): measured on long feeds, else calibrated × scale."""
-        if self.catchup_measured_ms is not None:
-            return self.catchup_measured_ms
-        return self.cost.draft_prefill_ms * self.scale("draft")
+        return self.costs.catchup_ms
 
-    def _model_ms(self, p: Proposer, k: int) -> float:
-        """The cost model's round time for proposer ``p`` with K (tree: N nodes) and the draft runs ``p``
-        declares for that size (:meth:`~edgespec.draft.base.Proposer.draft_runs`): calibrated curves, rescaled
-        by the measured target and draft scales."""
-        return self.cost.round_ms(k, p.draft_runs(k), self.scale("target"), self.scale("draft"))
+    def _model_ms(self, p: "Proposer", k: int) -> float:
+        """The cost model's round time (ms) for ``p`` with K (tree: N nodes), rescaled by the measured scales."""
+        return self.costs.model_ms(p, k)
 
-    def _sample_scale(self, model: str, ratio: float) -> None:
-        self.scales.sample(model, ratio)
-
-    def predicted_ms(self, p: Proposer, k: int) -> float:
+    def predicted_ms(self, p: "Proposer", k: int) -> float:
         """Predicted wall time of a round (ms): K = 0 is a plain step."""
-        return self.plain_ms if k == 0 else self._model_ms(p, k) * self.overhead.get(p.name, 1.0)
+        return self.costs.predicted_ms(p, k)
 
-    def _high_ms(self, p: Proposer, k: int) -> float:
-        """A pessimistic round time for budget checks: the model times the 90th percentile of recent
-        measured/modelled ratios (at least the mean overhead; 1.15 before any round of ``p``)."""
-        base = self.plain_ms if k == 0 else self._model_ms(p, k)
-        p90 = self.spread.p90(None if k == 0 else p.name)
-        hi = max(p90, 1.0 if k == 0 else self.overhead.get(p.name, 1.0)) if p90 is not None else 1.15
-        return base * hi
-
-    def _fits(self, p: Proposer, k: int, extra_ms: float = 0.0) -> bool:
-        return self.latency_budget_ms is None or self._high_ms(p, k) + extra_ms <= self.latency_budget_ms
-
-    def _best(self, p: Proposer, ks, catchup_ms: float = 0.0, remaining: float = 128.0,
-              with_catchup: bool = False, match: int = 0) -> tuple[int, float]:
-        """(K, predicted tokens/ms) for ``p`` over ``ks`` whose round (``with_catchup``: plus the catch-up)
-        fits the budget; (0, -1) if none.
-
-        A one-time draft catch-up of ``catchup_ms`` is spread over the ``remaining`` tokens it would serve."""
-        best = (0, -1.0)
-        for k in ks:
-            if not self._fits(p, k, catchup_ms if with_catchup else 0.0):
-                continue
-            t = self.predicted_ms(p, k)
-            tokens = self._tree_tokens(p, k) if p.sized_by_nodes else expected_tokens(k, self.alpha(p, match))
-            rate = tokens / (t + catchup_ms * tokens / remaining)
-            if rate > best[1]:
-                best = (k, rate)
-        return best
+    def _fits(self, p: "Proposer | None", k: int, extra_ms: float = 0.0) -> bool:
+        """Whether a round of ``p`` with K (plus ``extra_ms``) fits the latency budget, at its p90 time."""
+        return self.latency_budget_ms is None or self.costs.high_ms(p, k) + extra_ms <= self.latency_budget_ms
 
     # -- the decision -----------------------------------------------------------------------------------
 
-    @staticmethod
-    def _plan(p: Proposer, k: int) -> RoundPlan:
-        return RoundPlan(p, n_nodes=k) if p.sized_by_nodes else RoundPlan(p, k=k)
-
-    def _sizes(self, p: Proposer):
-        return self.tree_budgets if p.sized_by_nodes else range(1, self.k_max + 1)
-
     def choose(self, situation: Situation) -> RoundPlan:
         """The next round (see :class:`~edgespec.control.kpolicy.KPolicy`); with a latency budget also a plain step
-        with ``catchup_tokens`` of the draft's catch-up, when the whole catch-up does not fit in one round."""
-        options = []
+        with ``catchup_tokens`` of the draft's catch-up, when the whole catch-up does not fit in one round.
+
+        1. Each offer's best size by predicted tokens/ms (:meth:`_rate`), the draft's catch-up spread over the
+           tokens the answer is still expected to run; a model-free proposer never tried gets a short first try
+           instead (:meth:`_first_try`).
+        2. The best of them if it beats a plain step by the margin (:meth:`_margin`); under a budget, with room
+           made for a catch-up that does not fit beside it (:meth:`_make_room`).
+        3. Else a plain step, or after ``probe_every`` of them a probe round (:meth:`_probe`).
+        """
         remaining = self.expected_remaining(situation.horizon or 128)
-        catchup = max(situation.lag - 1, 0) * self.catchup_ms
+        catchup = max(situation.lag - 1, 0) * self.catchup_ms  # ms of reading before the draft can draft
         free = [o for o in situation.offers if not o.proposer.uses_draft and o.limit > 0]
-        for o in situation.offers:
-            if o.proposer.uses_draft:
-                options.append((o.proposer, *self._best(o.proposer, self._sizes(o.proposer), catchup, remaining)))
+        candidates = [self._best(o, catchup, remaining) for o in situation.offers if o.proposer.uses_draft]
         self._offered_match = {o.proposer.name: o.match for o in situation.offers}
         for o in free:
-            p, top = o.proposer, min(o.limit, self.free_k_max)
-            first = min(top, self.probe_k)
-            if not self.rounds.get(p.name) and o.limit >= 2 and self._fits(p, first):
-                # never tried: a short try costs only a couple of extra verified rows, so learn its alpha (a long
-                # one cost a 12-token voice answer ~10%; the per-match estimates lengthen later tries)
+            first = self._first_try(o)
+            if first is not None:
                 self.plain_run = 0
-                return self._plan(p, first)
-            sizes = sorted({min(b, o.limit) for b in self.tree_budgets}) if p.sized_by_nodes else range(1, top + 1)
-            options.append((p, *self._best(p, sizes, match=o.match)))
-        p, k, rate = max(options, key=lambda o: o[2], default=(None, 0, -1.0))
-        # must beat plain decoding by a margin; a larger one when it means paying a catch-up now (a sure cost
-        # against a gain that rests on estimates of acceptance and of the answer's length)
-        big = catchup > self.plain_ms and p is not None and p.uses_draft
-        margin = max(self.hysteresis, self.catchup_margin) if big else self.hysteresis
-        if k > 0 and rate >= (1 + margin) / self.plain_ms:
+                return first
+            candidates.append(self._best(o))
+        best = max(candidates, key=lambda c: c.rate, default=None)
+        if best is not None and best.size > 0 and self._pays(best, catchup):
             self.plain_run = 0
-            if p.uses_draft and catchup > 0 and not self._fits(p, k, catchup):
-                k2, rate2 = self._best(p, self._sizes(p), catchup, remaining, with_catchup=True)
-                if k2 > 0 and rate2 >= (1 + margin) / self.plain_ms:
-                    return self._plan(p, k2)  # a smaller K leaves room for the catch-up
-                return self._catchup_round(situation.lag)
-            return self._plan(p, k)
+            if best.proposer.uses_draft and catchup > 0 and not self._fits(best.proposer, best.size, catchup):
+                return self._make_room(best, catchup, remaining, situation.lag)
+            return self._plan(best.proposer, best.size)
         self.plain_run += 1
-        # re-probe, so acceptance estimates can recover; a draft probe only if its catch-up is cheap
         if self.plain_run >= self.probe_every and (free or catchup <= 0.05 * self.plain_ms * remaining):
-            self.plain_run = 0
-            chains = [o for o in situation.offers if o.proposer.uses_draft and not o.proposer.sized_by_nodes]
-            probe = free[0] if free else (chains[0] if chains else None)
-            if probe is None:
-                return RoundPlan()
-            k = min(self.probe_k, self.k_max, probe.limit if free else self.k_max)
-            if self._fits(probe.proposer, k, catchup if probe.proposer.uses_draft else 0.0):
-                return self._plan(probe.proposer, k)
+            self.plain_run = 0  # a draft probe only if its catch-up is cheap
+            return self._probe(situation, free, catchup)
+        return RoundPlan()
+
+    def _rate(self, p: "Proposer", size: int, match: int, catchup_ms: float, remaining: float) -> float:
+        """The one score of every candidate: predicted tokens/ms of a round of ``p`` of ``size`` (offered with
+        ``match``), E[tokens] / (predicted round ms + the round's share of a one-time catch-up of ``catchup_ms``,
+        spread over the ``remaining`` tokens it would serve)."""
+        tokens = self.expected_tokens(p, size, match)
+        return tokens / (self.predicted_ms(p, size) + catchup_ms * tokens / remaining)
+
+    def _sizes(self, o: Offer):
+        """The sizes considered for offer ``o``: a draft-model proposer's are the controller's (K up to
+        ``k_max``, or ``tree_budgets``; the decoder cuts them to the context); a model-free one's are cut to its
+        ``limit`` (a chain up to ``free_k_max``)."""
+        p = o.proposer
+        if p.uses_draft:
+            return self.tree_budgets if p.sized_by_nodes else range(1, self.k_max + 1)
+        if p.sized_by_nodes:
+            return sorted({min(b, o.limit) for b in self.tree_budgets})
+        return range(1, min(o.limit, self.free_k_max) + 1)
+
+    def _best(self, o: Offer, catchup_ms: float = 0.0, remaining: float = 128.0,
+              with_catchup: bool = False) -> Candidate:
+        """The size of offer ``o`` with the highest :meth:`_rate` among those whose round fits the budget
+        (``with_catchup``: together with the catch-up); the first on ties; size 0 if none fits. Per-match
+        estimates are those of model-free proposers (their ``match``); a draft-model proposer's offer is
+        estimated over all its rounds."""
+        p = o.proposer
+        match = 0 if p.uses_draft else o.match
+        best = Candidate(o)
+        for k in self._sizes(o):
+            if self._fits(p, k, catchup_ms if with_catchup else 0.0):
+                rate = self._rate(p, k, match, catchup_ms, remaining)
+                if rate > best.rate:
+                    best = Candidate(o, k, rate)
+        return best
+
+    def _margin(self, p: "Proposer", catchup_ms: float) -> float:
+        """The fraction by which a round of ``p`` must beat a plain step in tokens/ms: ``hysteresis``, or the
+        larger ``catchup_margin`` when it means paying a draft catch-up longer than a plain step now (a sure cost
+        against a gain that rests on estimates of acceptance and of the answer's length)."""
+        if p.uses_draft and catchup_ms > self.plain_ms:
+            return max(self.hysteresis, self.catchup_margin)
+        return self.hysteresis
+
+    def _pays(self, c: Candidate, catchup_ms: float) -> bool:
+        """Whether candidate ``c`` beats a plain step (1 token in ``plain_ms``) by its margin."""
+        return c.rate >= (1 + self._margin(c.proposer, catchup_ms)) / self.plain_ms
+
+    def _first_try(self, o: Offer) -> RoundPlan | None:
+        """A model-free proposer never tried, offering 2 tokens or more: a round of ``probe_k`` (fewer if it
+        offers fewer), so that its alpha is learned (it costs only a couple of extra verified rows; a longer one
+        cost a 12-token voice answer ~10%; the per-match estimates lengthen later tries). None otherwise, or if
+        it does not fit the budget."""
+        p = o.proposer
+        size = min(o.limit, self.free_k_max, self.probe_k)
+        if not self.acceptance.tried(p.name) and o.limit >= 2 and self._fits(p, size):
+            return self._plan(p, size)
+        return None
+
+    def _make_room(self, best: Candidate, catchup_ms: float, remaining: float, lag: int) -> RoundPlan:
+        """Under a budget that ``best`` does not fit together with its draft catch-up: a smaller size that does
+        (if it still pays), else a plain step with part of the catch-up (:meth:`_catchup_round`)."""
+        smaller = self._best(best.offer, catchup_ms, remaining, with_catchup=True)
+        if smaller.size > 0 and self._pays(smaller, catchup_ms):
+            return self._plan(smaller.proposer, smaller.size)
+        return self._catchup_round(lag)
+
+    def _probe(self, situation: Situation, free: list[Offer], catchup_ms: float) -> RoundPlan:
+        """A probe round of ``probe_k``, so that acceptance estimates can recover: the first model-free offer
+        that can propose, else the first draft chain; a plain step if there is none or it does not fit."""
+        chains = [o for o in situation.offers if o.proposer.uses_draft and not o.proposer.sized_by_nodes]
+        probe = free[0] if free else (chains[0] if chains else None)
+        if probe is None:
+            return RoundPlan()
+        p = probe.proposer
+        k = min(self.probe_k, self.k_max, probe.limit if free else self.k_max)
+        if self._fits(p, k, catchup_ms if p.uses_draft else 0.0):
+            return self._plan(p, k)
         return RoundPlan()
 
     def _catchup_round(self, lag: int) -> RoundPlan:
         """A plain step plus as much of the draft's catch-up as the budget leaves room for: a feed of m tokens
         costs about one draft step plus m - 1 tokens of catch-up (with a 15% margin); a plain step if not even
         one token fits."""
-        room = self.latency_budget_ms - self._high_ms(_DRAFT, 0) - 1.15 * self.draft_step_ms
+        room = self.latency_budget_ms - self.costs.high_ms(None, 0) - 1.15 * self.draft_step_ms
         if room < 0:
             return RoundPlan()
         m = 1 + int(room // max(1.15 * self.catchup_ms, 1e-3))
         return RoundPlan(catchup_tokens=min(m, lag))
 
-    def observe(self, result: RoundResult) -> None:
-        """Learn from a finished round: the proposer's acceptance, its overhead factor (catch-up excluded), the
-        target and draft scales (every plain step and verify measures t_v(N), every draft step t_d), the catch-up time
-        per token (EWMA), and the answer's length so far."""
-        r, p, k = result, result.proposer, result.size
-        self.answer.generated += r.accepted + 1
-        catchup_ms = r.catchup_ms
-        if p is not None and r.catchup_tokens > 0:  # the feed also drafted the first token
-            catchup_ms = max(catchup_ms - (r.draft_step_ms or self.draft_step_ms), 0.0)
-        if r.catchup_tokens >= 8:  # short feeds mostly measure a run's fixed cost, not the per-token one
-            prev = self.catchup_ms
-            self.catchup_measured_ms = 0.7 * prev + 0.3 * (catchup_ms / r.catchup_tokens)
-        if r.draft_step_ms is not None:
-            self._sample_scale("draft", r.draft_step_ms / self.cost.draft_ms)
-        if p is None or k == 0:  # a plain step, or a plain step with a catch-up
-            plain = r.round_ms - catchup_ms
-            self._ratio(None, plain / self.plain_ms)
-            self._sample_scale("target", plain / self.cost.t_verify(1))
-            return
-        if r.draft_ms > 0 or not p.uses_draft:  # the verify of N rows is the round less its proposing time
-            self._sample_scale("target", (r.round_ms - r.draft_ms) / self.cost.t_verify(r.proposed + 1))
-        ratio = (r.round_ms - catchup_ms) / self._model_ms(p, k)
-        self._ratio(p.name, ratio)
-        self.overhead[p.name] = 0.7 * self.overhead.get(p.name, 1.0) + 0.3 * ratio
-        if p.sized_by_nodes:
-            self.rounds[p.name] = self.rounds.get(p.name, 0) + 1
-            acc = self._tree_accepted(p)
-            acc[k] = 0.8 * (acc[k] if k in acc else self._tree_tokens(p, k) - 1) + 0.2 * r.accepted
-            return
-        self.rounds[p.name] = self.rounds.get(p.name, 0) + 1
-        match = self._offered_match.get(p.name, 0)
-        for c in [self._counts(p)] + ([self._counts(p, match)] if match > 0 else []):
-            c[0] = self.decay * c[0] + r.accepted
-            c[1] = self.decay * c[1] + int(r.accepted < k)
+    @staticmethod
+    def _plan(p: "Proposer", size: int) -> RoundPlan:
+        return RoundPlan(p, n_nodes=size) if p.sized_by_nodes else RoundPlan(p, k=size)
 
-    def _ratio(self, key: str | None, r: float) -> None:
-        # the p90 is kept up to date only under a budget (choose() then asks for it a dozen times a round)
-        self.spread.add(key, r, tracked=self.latency_budget_ms is not None)
+    # -- learning ---------------------------------------------------------------------------------------
+
+    def observe(self, result: RoundResult) -> None:
+        """Learn from a finished round: the answer's length so far, the costs (:meth:`.estimators.RoundCosts.observe`:
+        scales, overhead factor, catch-up per token, p90 spread) and the proposer's acceptance (per match) or,
+        for a proposer sized by nodes, its tokens per node budget."""
+        p, k = result.proposer, result.size
+        self.answer.generated += result.accepted + 1
+        self.costs.observe(result, tracked=self.latency_budget_ms is not None)
+        if p is None or k == 0:
+            return
+        if p.sized_by_nodes:
+            self.acceptance.count_round(p.name)
+            self.trees.observe(p.name, k, result.accepted)
+        else:
+            self.acceptance.observe(p, k, result.accepted, self._offered_match.get(p.name, 0))
 
     @classmethod
     def for_decoder(cls, decoder, latency_budget_ms: float | None = None, k_max: int = 6,

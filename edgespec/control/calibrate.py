@@ -1,7 +1,8 @@
 """The measured cost model of adaptive K and its cache: target verify time per row count, draft step time,
 draft catch-up time per token (ms), measured once per device, export and execution provider.
 
-Kept apart from the controller (:mod:`.adaptive`), which is pure decision logic on a :class:`CostModel`.
+Kept apart from the controller (:mod:`.adaptive`), which is pure decision logic on a :class:`CostModel`; its
+:meth:`CostModel.round_ms` is the one round-time formula (:class:`~.estimators.RoundCosts` rescales it).
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ def calibrate(decoder, k_max: int = 6, context: int = 128, reps: int = 5, use_ca
     One prefill per model, then each timed run is rolled back with ``crop``; a second or two on the real
     pair. The result is cached per device, export and execution provider under the user cache; a cached one is
     re-checked at load with one plain step (:func:`plain_step_ms`) and re-measured when t_v(1) moved by more
-    than :data:`STALE_FACTOR`. The controller keeps the model current from then on (see :mod:`.adaptive`).
+    than :data:`STALE_FACTOR`. The controller keeps the model current from then on (:class:`.estimators.RoundCosts`).
     """
     path = calibration_path(decoder, k_max)
     if use_cache and path.exists():

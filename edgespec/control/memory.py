@@ -2,15 +2,17 @@
 
 A one-shot ``edgespec generate`` and every ``serve`` start used to begin cold: acceptance at its prior, cost
 scales at 1, no answer lengths, so the draft's prompt catch-up was priced against "as many tokens as so far"
-and the draft started late. :class:`~edgespec.adaptive.AdaptiveK` built with ``memory="<use>"``
-(``AdaptiveK.for_decoder``; the CLI passes its command unless ``--no-controller-memory``) reads this file at start and rewrites it after every answer (one small JSON file,
-written atomically): the answer lengths (last 32), acceptance pseudo-counts per proposer and per matched
-n-gram length, overhead factors, rounds seen, the target's and draft's measured / calibrated scale samples,
-the measured catch-up per token and the tree EWMAs.
+and the draft started late. :class:`~edgespec.control.adaptive.AdaptiveK` built with ``memory="<use>"``
+(``AdaptiveK.for_decoder``; the CLI passes its command unless ``--no-controller-memory``) reads this file at
+start and rewrites it after every answer (one small JSON file, written atomically) with what its estimators
+(:mod:`.estimators`) learned: the answer lengths (last 32, ``AnswerLengths``), acceptance pseudo-counts per
+proposer and per matched n-gram length and the rounds seen (``Acceptance``), the tree EWMAs
+(``TreeAcceptance``), overhead factors, the measured catch-up per token and the target's and draft's measured /
+calibrated scale samples (``RoundCosts``, ``ModelScales``).
 
 The file sits beside the calibration (same key: export, device, execution provider, threads, K range, graph
-format; plus the use) and is validated where it enters: anything malformed (wrong types, non-finite or negative numbers, an
-unknown version, a directory) is ignored — the controller starts cold and the next answer rewrites it — and
+format; plus the use) and is validated where it enters: anything malformed (wrong types, non-finite or negative
+numbers, an unknown version, a directory) is ignored — the controller starts cold and the next answer rewrites it — and
 never raises.
 """
 

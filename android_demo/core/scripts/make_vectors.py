@@ -11,7 +11,10 @@ two (id, race score) of each step (:func:`edgespec.bench.evaluate.race_scores`);
 (:mod:`edgespec.core.coupling`) with its exact 53-bit uniform numerators for a few (seed, n, v);
 and a replay record: the logits rows the target and the draft
 produce on every prefix a greedy speculative loop with K ≤ ``REPLAY_K_MAX`` can ask for, which
-``core/test/conformance/replay.ts`` replays so that the core's loop runs without onnxruntime (on Hermes).
+``core/test/conformance/replay.ts`` replays so that the core's loop runs without onnxruntime (on Hermes);
+and a tree record: the target's rows of a tree verify (the decoder's ancestor mask and per-node position ids),
+of the run after its accepted root-to-leaf path is kept by a scattered crop, and of a run whose mask hides
+past slots (a draft tree's frontier), so the core's graph feeds match the Python runtime's in every format.
 ``tests/test_android_core.py`` runs this, then ``npm test``.
 """
 
@@ -166,6 +169,47 @@ def replay_record(dec: SpecDecoder, ids: list[int], path: list[int]) -> dict:
     return {"k_max": REPLAY_K_MAX, "top": REPLAY_TOP, "target": target, "draft": draft}
 
 
+TREE_PARENTS = [-1, 0, 0, 1, 2, 2, 4]  # node i's parent (-1: the root, the last committed token)
+TREE_PATH = [0, 2, 4, 6]  # an accepted root-to-leaf path (node indices)
+TREE_HIDDEN = [1, 4]  # past slots the frontier run's mask hides
+
+
+def tree_record(dec: SpecDecoder, ids: list[int]) -> dict:
+    """The target's rows (top ``REPLAY_TOP`` of each, :func:`_top`) for prompt ``ids`` (≥ 6 tokens): a tree
+    verify as :meth:`SpecDecoder._verify` feeds it (``last`` = the prompt's last token and the nodes, the
+    ancestor mask, positions L + depth; node tokens: the prompt's first tokens), then
+    ``crop(L + 1, keep=TREE_PATH rows)`` and a two-token causal run after it; and, on a fresh cache, a
+    three-token run after the prompt whose mask hides the past slots ``TREE_HIDDEN``."""
+    from edgespec.core.token_tree import TokenTree
+
+    lm, width = dec.target, dec.width
+    tree = TokenTree()
+    for j, par in enumerate(TREE_PARENTS):
+        tree.add(par, ids[j % len(ids)])
+    cache = lm.new_cache()
+    lm.forward(ids[:-1], cache)
+    L, n = cache.length, len(tree)
+    mask = np.ones((1, 1, n + 1, L + n + 1), dtype=bool)
+    mask[0, 0, :, L:] = tree.ancestors_mask()
+    pos = L + np.array([0] + tree.depth, dtype=np.int64)
+    rows = lm.forward([ids[-1]] + tree.tokens, cache, pos, mask)
+    cache.crop(L + 1, keep=[L + 1 + i for i in TREE_PATH])
+    after = [ids[1], ids[2]]
+    after_rows = lm.forward(after, cache)
+    cache = lm.new_cache()
+    lm.forward(ids, cache)
+    p = cache.length
+    hidden = np.ones((1, 1, 3, p + 3), dtype=bool)
+    hidden[0, 0, :, TREE_HIDDEN] = False
+    hidden[0, 0, :, p:] = np.tril(np.ones((3, 3), dtype=bool))
+    frontier = ids[3:6]
+    frontier_rows = lm.forward(frontier, cache, mask=hidden)
+    return {"parents": TREE_PARENTS, "tokens": tree.tokens, "depth": tree.depth,
+            "rows": [_top(r[:width]) for r in rows], "path": TREE_PATH, "after": after,
+            "after_rows": [_top(r[:width]) for r in after_rows], "hidden": TREE_HIDDEN, "frontier": frontier,
+            "frontier_rows": [_top(r[:width]) for r in frontier_rows]}
+
+
 def make_vectors(export_dir: Path, new_tokens: int, draws: int) -> dict:
     dec = SpecDecoder.load(export_dir)
     m = dec.manifest
@@ -201,7 +245,7 @@ def make_vectors(export_dir: Path, new_tokens: int, draws: int) -> dict:
             and m.draft.quantization == m.target.quantization,
             "export_bytes": sum(f.stat().st_size for f in export_dir.rglob("*") if f.is_file()),
             "context_length": dec.context_length, "stop": sorted(dec.stop_ids), "control_tokens": control,
-            "corpus": corpus, "chats": chats}
+            "corpus": corpus, "chats": chats, "tree": tree_record(dec, chats[0]["ids"])}
 
 
 def main(argv=None) -> int:

@@ -43,18 +43,20 @@ async function feedPrompt(dec: SpecDecoder, ids: readonly number[], cache: KVCac
   return logits!.last().slice(0, dec.width);
 }
 
-/** Plain greedy ids (stop token included, up to n) and the top-1 minus top-2 logit at each step. */
-export async function plainGreedyWithGaps(dec: SpecDecoder, ids: number[], n: number): Promise<{ ids: number[]; gaps: number[] }> {
+/** Plain greedy ids (stop token included, up to n), the top-1 minus top-2 logit and the top two [id, logit] at each step. */
+export async function plainGreedyWithGaps(dec: SpecDecoder, ids: number[], n: number): Promise<{ ids: number[]; gaps: number[];
+  tops: Top2[] }> {
   const cache = dec.target.newCache();
   let row = await feedPrompt(dec, ids, cache);
-  const out: number[] = [], gaps: number[] = [];
+  const out: number[] = [], gaps: number[] = [], tops: Top2[] = [];
   for (let i = 0; i < n; i++) {
     gaps.push(topGap(row));
+    tops.push(top2(row));
     out.push(argmax(row));
     if (dec.stopIds.has(out[i]) || cache.length + 1 >= dec.contextLength) break;
     row = (await dec.target.forward([out[i]], cache)).last().subarray(0, dec.width);
   }
-  return { ids: out, gaps };
+  return { ids: out, gaps, tops };
 }
 
 /** The target's logits float32 (W,) after inputIds + newIds, computed as plain decoding computes them (the

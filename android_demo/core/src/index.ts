@@ -12,10 +12,10 @@ export { compareRows, compareWithReference, firstTokenCheck, greedyCheck, NEAR_T
 export type { ExportFiles } from "./files.js";
 export { COUPLINGS, generate, Generation, type Chunk, type GenerateOptions } from "./generation.js";
 export { FixedK, type KPolicy } from "./kpolicy.js";
-export { KVCache } from "./kvcache.js";
+export { KVCache, pastNames, WINDOW } from "./kvcache.js";
 export { GRAPH_FORMAT } from "./manifest.js";
 export { parseManifest, SUPPORTED_FORMATS, MANIFEST_NAME, type FileEntry, type Manifest, type GraphSpec } from "./manifest.js";
-export { OnnxLM, Logits } from "./model.js";
+export { OnnxLM, Logits, treeFeeds, type ForwardOptions } from "./model.js";
 export { openSession, PROVIDERS, type OrtApi, type Provider, type SessionLike } from "./ort.js";
 export { Rng } from "./rng.js";
 export { acceptReject, greedyAccept, probs, sample, samplingParams, type SamplingParams } from "./sampling.js";

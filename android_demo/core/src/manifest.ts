@@ -1,17 +1,19 @@
 /**
  * The export contract: `edgespec.json` read into typed, frozen data (the TypeScript twin of
- * edgespec/io/manifest.py). The core reads manifest format 1 with graph formats 1–3 (a graph's `graph_format`,
+ * edgespec/io/manifest.py). The core reads manifest format 1 with graph formats 1–4 (a graph's `graph_format`,
  * absent = 2): 2 adds an optional `logits_keep` input that onnxruntime's JavaScript API cannot feed (the core
  * slices logits afterwards, as the Python runtime does for format 1); 3 has an in-place KV buffer and fused
- * attention (see kvcache.ts). Anything else is refused with one clear error.
+ * attention; 4 keeps format 3's in-place cache with per-KV-head past inputs and grouped attention in plain ops
+ * (export/grouped_graph.py; see kvcache.ts). Anything else is refused with one clear error.
  */
 import { EdgespecError } from "./errors.js";
+import { pastNames } from "./kvcache.js";
 
 export const MANIFEST_NAME = "edgespec.json";
 /** Manifest `format` values this core reads. */
 export const SUPPORTED_FORMATS: readonly number[] = [1];
 /** The newest graph format (GraphSpec.graph_format) this core reads. */
-export const GRAPH_FORMAT = 3;
+export const GRAPH_FORMAT = 4;
 
 /** How a graph's weights were quantized (int4 MatMulNBits, int8 dynamic, or fp32). */
 export interface Quantization {
@@ -25,7 +27,8 @@ export interface Quantization {
  * One ONNX causal LM graph with KV-cache inputs and outputs. Inputs: `input_ids` int64 (1, T),
  * `position_ids` int64 (1, T), `attention_mask` bool (1, 1, T, P+T), `past_key_values.{i}.key|value`
  * float32 (1, kv_heads, P, head_dim). Outputs: `logits` float32 (1, T, vocab_size),
- * `present.{i}.key|value` float32 (1, kv_heads, P+T, head_dim).
+ * `present.{i}.key|value` float32 (1, kv_heads, P+T, head_dim). Graph formats 3 and 4 change the KV inputs
+ * and outputs (`graph_format`).
  */
 export interface GraphSpec {
   readonly path: string;
@@ -41,7 +44,11 @@ export interface GraphSpec {
   /** .npy of int64 target ids, one per output of a pruned draft head (draft only), or null. */
   readonly kept_token_ids: string | null;
   /** 1–2: traced graph, KV concatenated per run; 3: past and present are one buffer of capacity C ≥ P+T
-   * (past in its first P rows, P = mask width − T), updated in place; `logits_keep` int64 (1,) is an input. */
+   * (past in its first P rows, P = mask width − T), updated in place; `logits_keep` int64 (1,) is an input.
+   * 4 (batch 1): the past is `past_key_values.{i}.key|value.{h}` float32 (W, head_dim) per layer i and KV head
+   * h, the first W ≥ P rows of that head's buffer; `attention_mask` is bool (1, 1, T, W+T) with the columns
+   * P..W-1 false; the one KV output `present` float32 (2 · layers, kv_heads, T, head_dim) holds the T new rows
+   * (layer i's key at 2i, value at 2i+1), which the runtime stores at rows P..P+T-1; `logits_keep` as in 3. */
   readonly graph_format: number;
 }
 
@@ -145,10 +152,16 @@ function graph(d: unknown, role: string): GraphSpec {
   if (g.kept_token_ids !== null) insideExport(g.kept_token_ids, `${role}.kept_token_ids`);
   const q = fields(g.quantization, `${role}.quantization`, QUANT);
   q.lm_head_bits = q.lm_head_bits ?? 32;
-  const want = ["input_ids", "position_ids", "attention_mask"];
-  for (let i = 0; i < g.num_layers; i++) want.push(`past_key_values.${i}.key`, `past_key_values.${i}.value`);
+  const past = pastNames(g.num_layers, g.num_kv_heads, g.graph_format);
+  const want = ["input_ids", "position_ids", "attention_mask", ...past];
   const missing = want.filter((n) => !g.input_names.includes(n));
-  if (missing.length) throw new EdgespecError(`${role}.input_names lacks ${missing.slice(0, 3).join(", ")} (not an edgespec graph)`);
+  if (missing.length) throw new EdgespecError(`${role}.input_names lacks ${missing.slice(0, 3).join(", ")} ` +
+    `(not an edgespec graph${g.graph_format === 4 ? " of graph format 4" : ""})`);
+  const odd = g.input_names.filter((n: string) => n.startsWith("past_key_values.") && !past.includes(n));
+  if (odd.length) throw new EdgespecError(`${role}.input_names has ${odd.slice(0, 3).join(", ")}, which ` +
+    `${role}.num_layers ${g.num_layers} and num_kv_heads ${g.num_kv_heads} in graph format ${g.graph_format} do not give`);
+  if (g.graph_format === 4 && !g.output_names.includes("present"))
+    throw new EdgespecError(`${role}.output_names lacks present (graph format 4 returns the new KV rows in it)`);
   return Object.freeze({ ...g, quantization: Object.freeze(q), input_names: Object.freeze([...g.input_names]),
     output_names: Object.freeze([...g.output_names]) }) as GraphSpec;
 }

@@ -19,6 +19,10 @@ export interface TensorLike {
 export interface SessionLike {
   readonly inputNames: readonly string[];
   readonly outputNames: readonly string[];
+  /** Inputs' and outputs' names and (tensors) shapes, dimensions a number or a symbol; absent where the
+   * runtime does not report them (onnxruntime-common < 1.22). */
+  readonly inputMetadata?: readonly { name: string; isTensor?: boolean; shape?: ReadonlyArray<number | string> }[];
+  readonly outputMetadata?: readonly { name: string; isTensor?: boolean; shape?: ReadonlyArray<number | string> }[];
   /** `fetches`: output names → null, or a Tensor to write that output into (a pre-allocated output). */
   run(feeds: Record<string, TensorLike>, fetches?: Record<string, TensorLike | null>): Promise<Record<string, TensorLike>>;
   release?(): Promise<void>;

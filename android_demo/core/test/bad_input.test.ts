@@ -1,7 +1,8 @@
 /**
  * Tier (e): bad input rejects with one clear EdgespecError, never a native crash: a missing or corrupt
  * graph, a manifest of another format version, an empty prompt, a prompt over the context, bad options.
- * Runs on the first export under 100 MB among the vectors (each case edits a copy of it in a temporary directory).
+ * Runs on the first export under 100 MB among the vectors (each case edits a copy of it in a temporary directory),
+ * and the graph-format-4 cases on the first such export of graph format 4.
  */
 import assert from "node:assert/strict";
 import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
@@ -15,26 +16,35 @@ import { loadVectors, NO_VECTORS } from "./vectors.js";
 
 const vectors = loadVectors();
 const tiny = vectors.filter((v) => v.export_bytes < 100e6).slice(0, 1);
+const graphFormat = (dir: string) =>
+  (JSON.parse(readFileSync(path.join(dir, "edgespec.json"), "utf8")).target.graph_format as number | undefined) ?? 2;
+const tiny4 = vectors.filter((v) => v.export_bytes < 100e6 && graphFormat(v.export_dir) === 4).slice(0, 1);
 if (!vectors.length) test("bad input", { skip: NO_VECTORS }, () => {});
+
+/** A copy of `exportDir` edited in a temporary directory, and the check that loading one rejects with one line. */
+function fixtures(exportDir: string) {
+  const root = mkdtempSync(path.join(tmpdir(), "edgespec-core-"));
+  after(() => rmSync(root, { recursive: true, force: true }));
+  const copy = (name: string, edit: (dir: string) => void): string => {
+    const dir = path.join(root, name);
+    cpSync(exportDir, dir, { recursive: true });
+    edit(dir);
+    return dir;
+  };
+  const rejects = async (dir: string, pattern: RegExp) => {
+    await assert.rejects(loadNodeDecoder(dir), (e: unknown) => {
+      assert.ok(e instanceof EdgespecError, `not an EdgespecError: ${e}`);
+      assert.match(e.message, pattern);
+      assert.ok(!e.message.includes("\n"), `not one line: ${e.message}`);
+      return true;
+    });
+  };
+  return { root, copy, rejects };
+}
 
 for (const v of tiny) {
   describe(`bad input on ${v.export_dir}`, () => {
-    const root = mkdtempSync(path.join(tmpdir(), "edgespec-core-"));
-    after(() => rmSync(root, { recursive: true, force: true }));
-    const copy = (name: string, edit: (dir: string) => void): string => {
-      const dir = path.join(root, name);
-      cpSync(v.export_dir, dir, { recursive: true });
-      edit(dir);
-      return dir;
-    };
-    const rejects = async (dir: string, pattern: RegExp) => {
-      await assert.rejects(loadNodeDecoder(dir), (e: unknown) => {
-        assert.ok(e instanceof EdgespecError, `not an EdgespecError: ${e}`);
-        assert.match(e.message, pattern);
-        assert.ok(!e.message.includes("\n"), `not one line: ${e.message}`);
-        return true;
-      });
-    };
+    const { root, copy, rejects } = fixtures(v.export_dir);
 
     test("no export directory / no manifest", async () => {
       await rejects(path.join(root, "nowhere"), /no edgespec\.json/);
@@ -65,12 +75,12 @@ for (const v of tiny) {
       };
       await rejects(copy("format3", edit((m) => ({ ...m, format: 3 }))), /manifest format 3, this edgespec core reads format 1/);
       await rejects(copy("format0", edit((m) => ({ ...m, format: 0 }))), /manifest format 0/);
-      await rejects(copy("graph4", edit((m) => ({ ...m, draft: { ...(m.draft as object), graph_format: 4 } }))),
-        /draft\.graph_format is 4; this edgespec core reads graph formats up to 3/);
+      await rejects(copy("graph5", edit((m) => ({ ...m, draft: { ...(m.draft as object), graph_format: 5 } }))),
+        /draft\.graph_format is 5; this edgespec core reads graph formats up to 4/);
       // a manifest that claims the other graph format than its graph has
       const other = (m: Record<string, unknown>) => ((m.target as { graph_format?: number }).graph_format ?? 2) >= 3 ? 2 : 3;
       await rejects(copy("mismatch", edit((m) => ({ ...m, target: { ...(m.target as object), graph_format: other(m) } }))),
-        /does not match the manifest|failed to run|cannot load/);
+        /does not match the manifest|failed to run|cannot load|input_names lacks/);
       await rejects(copy("nolayers", edit((m) => ({ ...m, target: { ...(m.target as object), num_layers: "2" } }))),
         /target\.num_layers must be a positive integer/);
       await rejects(copy("garbage", (d) => writeFileSync(path.join(d, "edgespec.json"), "{ not json")), /not valid JSON/);
@@ -105,6 +115,51 @@ for (const v of tiny) {
       assert.throws(() => generate(fallback, { prompt: "hi" }), /loaded without its draft/);
       const g = await generate(fallback, { prompt: "hi", mode: "plain", maxNewTokens: 3 }).run();
       assert.ok(g.stats.newTokens >= 1 && g.stats.newTokens <= 3);
+    });
+  });
+}
+
+for (const v of tiny4) {
+  describe(`bad graph-format-4 export on ${v.export_dir}`, () => {
+    const { copy, rejects } = fixtures(v.export_dir);
+    type Graph = { input_names: string[]; output_names: string[]; num_layers: number; head_dim: number; vocab_size: number;
+      graph_format: number };
+    const editTarget = (name: string, f: (g: Graph) => void) => copy(name, (d) => {
+      const p = path.join(d, "edgespec.json");
+      const m = JSON.parse(readFileSync(p, "utf8"));
+      f(m.target);
+      writeFileSync(p, JSON.stringify(m));
+    });
+
+    test("the export loads and runs", async () => {
+      const dec = await loadNodeDecoder(v.export_dir);
+      assert.equal(dec.target.spec.graph_format, 4);
+      assert.equal(dec.tcache.grouped, true);
+    });
+
+    test("a missing or unlisted input, a missing present output: one clear error", async () => {
+      await rejects(editTarget("nopast", (g) => { g.input_names = g.input_names.filter((n) => n !== "past_key_values.1.value.1"); }),
+        /target\.input_names lacks past_key_values\.1\.value\.1 \(not an edgespec graph of graph format 4\)/);
+      await rejects(editTarget("nopresent", (g) => { g.output_names = ["logits"]; }), /target\.output_names lacks present/);
+      // the manifest says one more layer than the graph has: the graph lacks that layer's inputs
+      await rejects(editTarget("layers", (g) => {
+        g.num_layers += 1;
+        g.input_names.push(...[0, 1].flatMap((h) => [`past_key_values.${g.num_layers - 1}.key.${h}`, `past_key_values.${g.num_layers - 1}.value.${h}`]));
+      }), /the target graph does not match the manifest \(no past_key_values\.\d\.key\.0/);
+      // the manifest says format 3 (per-layer past names) for this format-4 graph
+      await rejects(editTarget("as3", (g) => { g.graph_format = 3; }), /target\.input_names lacks past_key_values\.0\.key, /);
+      await rejects(editTarget("as3names", (g) => {
+        g.graph_format = 3;
+        g.input_names = ["input_ids", "position_ids", "attention_mask", ...Array.from({ length: g.num_layers }, (_, i) =>
+          [`past_key_values.${i}.key`, `past_key_values.${i}.value`]).flat()];
+        g.output_names = ["logits", ...Array.from({ length: g.num_layers }, (_, i) => [`present.${i}.key`, `present.${i}.value`]).flat()];
+      }), /the target graph does not match the manifest \(no past_key_values\.0\.key, /);
+    });
+
+    test("shapes the manifest gets wrong: head_dim, vocab_size", async () => {
+      await rejects(editTarget("headdim", (g) => { g.head_dim *= 2; }),
+        /past_key_values\.0\.key\.0 has \d+ where the manifest's head_dim is \d+/);
+      await rejects(editTarget("vocab", (g) => { g.vocab_size += 1; }), /logits has \d+ where the manifest's vocab_size is \d+/);
     });
   });
 }

@@ -11,8 +11,10 @@ import { AdaptiveK, calibrate } from "../src/adaptive.js";
 import type { SpecDecoder } from "../src/decoder.js";
 import { ChatSession, DEFAULT_SETTINGS } from "../src/chat.js";
 import { exponential, positionKey, raceScores, uniformNumerator } from "../src/coupling.js";
-import { compareWithReference, firstTokenCheck, greedyCheck, plainGreedyWithGaps, top2, type Seeded } from "../src/evaluate.js";
+import { compareWithReference, firstTokenCheck, greedyCheck, NEAR_TIE_LOGIT_GAP, plainGreedyWithGaps, top2, type Seeded,
+  type Top2 } from "../src/evaluate.js";
 import { generate } from "../src/generation.js";
+import { causalMask, treeFeeds, type Logits } from "../src/model.js";
 import { loadNodeDecoder } from "../src/node.js";
 import { samplingParams } from "../src/sampling.js";
 import { IncrementalDetokenizer } from "../src/text.js";
@@ -21,6 +23,9 @@ import { firstDifference, loadVectors, NO_VECTORS } from "./vectors.js";
 const all = loadVectors();
 /** Logits: the forced-flip test swaps a verify row's top two where they are closer than this. */
 const FLIP_GAP = 0.05;
+/** fp32 logits: the core's rows equal the Python runtime's within this (graph formats 3 and 4 agree within it
+ * in tests/test_format4.py). */
+const LOGIT_TOL = 1e-4;
 if (!all.length) test("export tests", { skip: NO_VECTORS }, () => {});
 
 for (const v of all) {
@@ -81,6 +86,46 @@ for (const v of all) {
         const r = await compareWithReference(dec, c.ids, c.greedy, c.greedy_top2, js.ids);
         assert.ok(r.ok, `chat ${i}: ${r.problem} (python top-1/top-2 gap ${div !== null ? c.gaps[div] : "-"})`);
       }
+    });
+
+    test("logits: the plain greedy steps' top two, a tree verify, its scattered accepted path and a hidden-past run equal the Python runtime's (fp32: within 1e-4)", async () => {
+      let worst = 0, compared = 0;
+      /** Each recorded [id, value] against the core's row; fp32: within LOGIT_TOL; else the same top-1 unless
+       * the recorded top two are a near tie. */
+      const check = (row: Float32Array, [ids, values]: [number[], number[]], what: string) => {
+        ids.forEach((id, k) => { worst = Math.max(worst, Math.abs(row[id] - values[k])); });
+        compared += ids.length;
+        if (v.exact) ids.forEach((id, k) => assert.ok(Math.abs(row[id] - values[k]) <= LOGIT_TOL,
+          `${what}: logit of ${id} ${row[id]} vs python ${values[k]}`));
+        else if (values[0] - values[1] >= NEAR_TIE_LOGIT_GAP) assert.equal(top2(row)[0][0], ids[0], `${what}: top-1`);
+      };
+      for (const [i, c] of v.chats.entries()) {
+        const js = await plainGreedyWithGaps(dec, c.ids, v.new_tokens);
+        const n = Math.min(js.tops.length, c.greedy_top2.length, (firstDifference(js.ids, c.greedy) ?? Infinity) + 1);
+        for (let j = 0; j < n; j++) { // the k-th largest logit moves no more than the largest change of any logit
+          const ref = c.greedy_top2[j] as Top2;
+          check(Float32Array.from([js.tops[j][0][1], js.tops[j][1][1]]), [[0, 1], [ref[0][1], ref[1][1]]], `chat ${i} step ${j}`);
+        }
+      }
+      const tr = v.tree;
+      if (!tr) assert.fail(`${v.file} has no tree record (make_vectors.py writes one)`);
+      const ids = v.chats[0].ids, width = dec.width;
+      const rows = (l: Logits) => Array.from({ length: l.rows }, (_, r) => l.row(r).subarray(0, width));
+      const cache = dec.target.newCache();
+      await dec.target.forward(ids.slice(0, -1), cache);
+      const L = cache.length;
+      const tree = treeFeeds(tr.parents, L);
+      assert.deepEqual(tree.positionIds, [L, ...tr.depth.map((d) => L + d)], "positions: the prefix length + depth");
+      rows(await dec.target.forward([ids.at(-1)!, ...tr.tokens], cache, 0, tree)).forEach((r, j) => check(r, tr.rows[j], `tree row ${j}`));
+      cache.crop(L + 1, tr.path.map((node) => L + 1 + node)); // the accepted root-to-leaf path: only its rows move
+      assert.equal(cache.length, L + 1 + tr.path.length);
+      rows(await dec.target.forward(tr.after, cache)).forEach((r, j) => check(r, tr.after_rows[j], `after the path, row ${j}`));
+      const fresh = dec.target.newCache();
+      await dec.target.forward(ids, fresh);
+      const p = fresh.length, mask = causalMask(p, tr.frontier.length);
+      for (let q = 0; q < tr.frontier.length; q++) for (const h of tr.hidden) mask[q * (p + tr.frontier.length) + h] = 0;
+      rows(await dec.target.forward(tr.frontier, fresh, 0, { mask })).forEach((r, j) => check(r, tr.frontier_rows[j], `hidden past, row ${j}`));
+      console.log(`# logits vs python: ${compared} values, max |Δ| ${worst.toExponential(2)}`);
     });
 
     test("speculative greedy equals plain greedy by the verify-path rule (fixed K and adaptive K)", async () => {

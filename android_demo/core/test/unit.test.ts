@@ -6,9 +6,9 @@ import { checkSettings, DEFAULT_SETTINGS, parseCostModel } from "../src/chat.js"
 import { exponential, followChoices, GumbelCoupling, positionKey, uniformNumerator } from "../src/coupling.js";
 import { EdgespecError } from "../src/errors.js";
 import { compareRows, top2 } from "../src/evaluate.js";
-import { KVCache } from "../src/kvcache.js";
+import { KVCache, pastNames, WINDOW, widenMask } from "../src/kvcache.js";
 import { parseManifest } from "../src/manifest.js";
-import { causalMask } from "../src/model.js";
+import { causalMask, treeFeeds } from "../src/model.js";
 import { readNpyInt64 } from "../src/npy.js";
 import { Rng } from "../src/rng.js";
 import { acceptReject, greedyAccept, probs, sample, samplingParams } from "../src/sampling.js";
@@ -97,7 +97,7 @@ test("KVCache.crop keeps the first n positions of every head", () => {
 });
 
 test("KVCache in place (graph format 3): crop is a length change, reserve doubles and keeps the rows", () => {
-  const c = new KVCache(1, 2, 1, true, 2000);
+  const c = new KVCache(1, 2, 1, 3, 2000);
   c.reserve(3);
   assert.equal(c.capacity, 512);
   c.tensors[0][0] = 7; // head 0, row 0
@@ -112,6 +112,76 @@ test("KVCache in place (graph format 3): crop is a length change, reserve double
   assert.equal(c.tensors[0][0], 7);
   assert.equal(c.tensors[0][2000 + 2], 9);
   assert.throws(() => c.reserve(2001), /longer than the model's 2000/);
+});
+
+test("KVCache scattered crop (a tree's accepted path): only those rows move, in every layout", () => {
+  for (const fmt of [2, 3, 4]) {
+    const c = new KVCache(1, 2, 1, fmt, 100); // (1, 2 heads, 6 rows, 1): head h row r holds 10h + r
+    const rows = (len: number) => Float32Array.from({ length: 2 * len }, (_, i) => 10 * Math.floor(i / len) + (i % len));
+    if (fmt === 2) c.set([rows(6), rows(6)], 6);
+    else {
+      c.reserve(6);
+      if (fmt === 4) c.store(Float32Array.from({ length: 2 * 2 * 6 }, (_, i) => 10 * (Math.floor(i / 6) % 2) + (i % 6)), 6);
+      else { for (const t of c.tensors) for (let h = 0; h < 2; h++) for (let r = 0; r < 6; r++) t[h * c.capacity + r] = 10 * h + r; c.length = 6; }
+    }
+    c.crop(2, [3, 5]);
+    assert.equal(c.length, 4, `format ${fmt}`);
+    const got = (t: Float32Array) => [0, 1].flatMap((h) => Array.from(t.subarray(h * c.capacity, h * c.capacity + 4)));
+    for (const t of c.tensors) assert.deepEqual(got(t), [0, 1, 3, 5, 10, 11, 13, 15], `format ${fmt}`);
+    c.crop(3, [3]); // contiguous: a length change (formats 3–4) or a prefix (2)
+    assert.equal(c.length, 4);
+    assert.throws(() => c.crop(1, [0]), /positions must lie in 1\.\.3/);
+  }
+});
+
+test("KVCache format 4: one block, present rows stored after the past, per-head views, the fed window", () => {
+  assert.deepEqual(pastNames(2, 2, 4).slice(0, 5), ["past_key_values.0.key.0", "past_key_values.0.key.1",
+    "past_key_values.0.value.0", "past_key_values.0.value.1", "past_key_values.1.key.0"]);
+  assert.deepEqual(pastNames(1, 2, 3), ["past_key_values.0.key", "past_key_values.0.value"]);
+  const c = new KVCache(2, 2, 2, 4, 4096); // 2 layers, 2 KV heads, head_dim 2
+  c.reserve(3);
+  assert.equal(c.block.length, 4 * 2 * 512 * 2);
+  assert.ok(c.tensors.every((t, j) => t.buffer === c.block.buffer && t.byteOffset === j * 2 * 512 * 2 * 4));
+  const present = (t: number, base: number) => Float32Array.from({ length: 4 * 2 * t * 2 }, (_, i) => base + i);
+  c.store(present(3, 0), 3); // (4, 2, 3, 2): block j·kv + h holds rows of 2 values
+  assert.equal(c.length, 3);
+  c.store(present(1, 1000), 1);
+  const views = c.pastViews(4);
+  assert.equal(views.length, 8);
+  assert.deepEqual([...views[0]], [0, 1, 2, 3, 4, 5, 1000, 1001]); // layer 0 key head 0: 3 rows, then the new one
+  assert.deepEqual([...views[7]], [42, 43, 44, 45, 46, 47, 1014, 1015]); // layer 1 value head 1
+  assert.ok(views[3].buffer === c.block.buffer, "a view, not a copy");
+  assert.throws(() => c.store(present(2, 0), 1), /present has 32 values, not \(4, 2, 1, 2\)/);
+  // the window: the past rounded up to WINDOW, kept while it covers the past and is < 2 windows longer
+  assert.equal(c.feedWindow(0), 0);
+  assert.equal(c.feedWindow(1), WINDOW);
+  assert.equal(c.feedWindow(WINDOW), WINDOW);
+  assert.equal(c.feedWindow(WINDOW + 1), 2 * WINDOW);
+  assert.equal(c.feedWindow(3), 2 * WINDOW, "still within two windows of the past");
+  c.feedWindow(3 * WINDOW);
+  assert.equal(c.feedWindow(WINDOW - 1), WINDOW, "a rollback far back: rounded up again");
+  c.reserve(600);
+  assert.equal(c.window, null, "growth drops the window");
+  assert.deepEqual([...c.pastViews(4)[7]], [42, 43, 44, 45, 46, 47, 1014, 1015], "rows kept across growth");
+  const small = new KVCache(1, 1, 1, 4, 40);
+  small.reserve(30);
+  assert.equal(small.feedWindow(30), 40, "at most the capacity");
+});
+
+test("widenMask: the window rows past the cache hidden, the new rows' mask moved after the window", () => {
+  const m = causalMask(3, 2);
+  const w = widenMask(m, 3, 2, 6);
+  assert.deepEqual([...w], [1, 1, 1, 0, 0, 0, 1, 0, 1, 1, 1, 0, 0, 0, 1, 1]);
+  assert.equal(widenMask(m, 3, 2, 3), m);
+});
+
+test("treeFeeds: positions past + depth, the mask every past key, the root and each node's ancestors", () => {
+  const { positionIds, mask } = treeFeeds([-1, 0, 0, 1], 2);
+  assert.deepEqual(positionIds, [2, 3, 4, 4, 5]);
+  assert.deepEqual([...mask], [1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 1, 0,
+    1, 1, 1, 1, 1, 0, 1]);
+  assert.deepEqual([...treeFeeds([-1, 0, 1], 1).mask], [...causalMask(1, 4)], "a chain: the causal mask");
+  assert.throws(() => treeFeeds([-1, 1], 0), /tree node 1 has parent 1/);
 });
 
 test("causalMask: past visible, new keys up to the query", () => {
@@ -133,8 +203,18 @@ test("manifest: format 1 reads; other formats, bad JSON and bad fields give one 
   assert.throws(() => parseManifest(manifest({ format: 3 })), /manifest format 3, this edgespec core reads format 1/);
   assert.throws(() => parseManifest(manifest({ format: 2 })), /manifest format 2/);
   const g4 = JSON.parse(manifest());
-  g4.draft.graph_format = 4;
-  assert.throws(() => parseManifest(JSON.stringify(g4)), /draft\.graph_format is 4; this edgespec core reads graph formats up to 3/);
+  g4.draft.graph_format = 5;
+  assert.throws(() => parseManifest(JSON.stringify(g4)), /draft\.graph_format is 5; this edgespec core reads graph formats up to 4/);
+  g4.draft.graph_format = 4; // per-KV-head past names, one present output
+  assert.throws(() => parseManifest(JSON.stringify(g4)), /draft\.input_names lacks past_key_values\.0\.key\.0, past_key_values\.0\.key\.1, past_key_values\.0\.value\.0 \(not an edgespec graph of graph format 4\)/);
+  g4.draft.input_names = ["input_ids", "position_ids", "attention_mask", ...pastNames(1, 2, 4)];
+  assert.throws(() => parseManifest(JSON.stringify(g4)), /draft\.output_names lacks present/);
+  g4.draft.output_names = ["logits", "present"];
+  assert.equal(parseManifest(JSON.stringify(g4)).draft.graph_format, 4);
+  g4.draft.num_kv_heads = 1; // the graph has 2
+  assert.throws(() => parseManifest(JSON.stringify(g4)),
+    /draft\.input_names has past_key_values\.0\.key\.1, past_key_values\.0\.value\.1, which draft\.num_layers 1 and num_kv_heads 1 in graph format 4 do not give/);
+  g4.draft = JSON.parse(manifest()).draft;
   g4.draft.graph_format = 3;
   assert.equal(parseManifest(JSON.stringify(g4)).draft.graph_format, 3);
   assert.equal(parseManifest(manifest()).target.graph_format, 2);

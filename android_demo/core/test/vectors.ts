@@ -31,6 +31,13 @@ export interface Vectors {
   chats: { messages: ChatMessage[]; prompt: string | null; ids: number[]; greedy: number[]; gaps: number[];
     greedy_top2: Top2[]; seed: number; seeded: number[]; seeded_top2: Top2[];
     replay?: ReplayRecord }[];
+  /** The target's rows ([ids, values]: the top entries, largest first) on the first chat's prompt: a tree verify
+   * (`tokens` with `parents`, the root the prompt's last token), the two-token run `after` once the accepted
+   * `path` (node indices) is kept by a scattered crop, and on a fresh cache the run `frontier` whose mask hides
+   * the past slots `hidden`. Absent in vectors written before graph format 4. */
+  tree?: { parents: number[]; tokens: number[]; depth: number[]; rows: [number[], number[]][]; path: number[];
+    after: number[]; after_rows: [number[], number[]][]; hidden: number[]; frontier: number[];
+    frontier_rows: [number[], number[]][] };
 }
 
 export function loadVectors(): Vectors[] {

@@ -4,7 +4,8 @@
  * onnxruntime. Engine-neutral: no Node.js modules.
  *
  * The stand-in is a checking model, not a mock of outputs: it keeps the token id of every cached position in
- * the KV tensors the core hands it (element [0, 0, pos, 0] of every past/present tensor), reads the prefix
+ * the KV tensors the core hands it (element [0, 0, pos, 0] of every past/present tensor; graph format 4:
+ * element [pos, 0] of every per-KV-head past and [j, h, k, 0] of `present`), reads the prefix
  * back on each run, and looks up the row recorded for that prefix. So a wrong rollback (a crop of the wrong
  * length, or of only some tensors), a wrong position id or a wrong causal mask shows up as an error or as a
  * prefix that was never recorded, not as a silently plausible token. Rows for unrecorded prefixes are NaN
@@ -13,6 +14,7 @@
  */
 import type { ExportFiles } from "../../src/files.js";
 import { MANIFEST_NAME, parseManifest, type GraphSpec } from "../../src/manifest.js";
+import { widenMask } from "../../src/kvcache.js";
 import { causalMask } from "../../src/model.js";
 import type { OrtApi, SessionLike, SessionOptionsLike, TensorData, TensorLike, TensorType } from "../../src/ort.js";
 
@@ -50,18 +52,30 @@ class ReplaySession implements SessionLike {
   }
 
   async run(feeds: Record<string, TensorLike>, fetches?: Record<string, TensorLike | null>): Promise<Record<string, TensorLike>> {
-    const spec = this.spec, inPlace = spec.graph_format >= 3;
+    const spec = this.spec, inPlace = spec.graph_format >= 3, grouped = spec.graph_format === 4;
     const ids = Array.from(feeds.input_ids.data as BigInt64Array, Number);
     const t = ids.length;
     const mask = feeds.attention_mask;
-    const p = mask.dims[3] - t;
-    const pos = Array.from(feeds.position_ids.data as BigInt64Array, Number);
-    if (pos.some((x, i) => x !== p + i)) throw new Error(`position ids ${pos} after ${p} cached positions`);
-    const want = causalMask(p, t), got = mask.data as Uint8Array;
-    if (got.length !== want.length || want.some((x, i) => x !== got[i])) throw new Error(`not the causal mask for ${p}+${t}`);
     const pastNames = spec.input_names.filter((n) => n.startsWith("past_key_values."));
     const past = pastNames.map((n) => feeds[n]);
-    const [, heads, cap, dim] = past[0].dims;
+    // format 4: past (W, head_dim) per KV head, W ≥ P; the mask's columns P..W-1 are false (P = the first
+    // query's position, checked against the mask below)
+    const w = grouped ? past[0].dims[0] : mask.dims[3] - t;
+    const p = grouped ? Number((feeds.position_ids.data as BigInt64Array)[0]) : w;
+    const pos = Array.from(feeds.position_ids.data as BigInt64Array, Number);
+    if (pos.some((x, i) => x !== p + i)) throw new Error(`position ids ${pos} after ${p} cached positions`);
+    const causal = causalMask(p, t), got = mask.data as Uint8Array;
+    const want = grouped ? widenMask(causal, p, t, w) : causal;
+    if (mask.dims[3] !== w + t || got.length !== want.length || want.some((x, i) => x !== got[i]))
+      throw new Error(`not the causal mask for ${p}+${t}${grouped ? ` in a window of ${w}` : ""}`);
+    if (grouped) {
+      if (past.length !== 2 * spec.num_layers * spec.num_kv_heads || past.some((q) => q.dims.length !== 2
+        || q.dims[0] !== w || q.dims[1] !== spec.head_dim || (q.data as Float32Array).length !== w * spec.head_dim) || w < p)
+        throw new Error(`format 4: past dims ${past[0].dims} (${past.length} inputs) for ${p} cached positions`);
+      if (!fetches || fetches.present !== null || Object.keys(fetches).some((n) => n.startsWith("present.")))
+        throw new Error("format 4: present is one output the graph allocates");
+    }
+    const [heads, cap, dim] = grouped ? [spec.num_kv_heads, w, spec.head_dim] : past[0].dims.slice(1);
     if (heads !== spec.num_kv_heads || dim !== spec.head_dim || cap < p || (!inPlace && cap !== p))
       throw new Error(`past dims ${past[0].dims} for ${p} cached positions`);
     // the prefix the core's caches hold, read back from every tensor (they must agree)
@@ -72,7 +86,11 @@ class ReplaySession implements SessionLike {
       prefix.push(x);
     }
     const out: Record<string, TensorLike> = {};
-    past.forEach((q, i) => {
+    if (grouped) { // the new rows only: (2 · layers, kv_heads, T, head_dim), each row's first element its token id
+      const present = new Float32Array(past.length * t * dim);
+      for (let j = 0; j < past.length; j++) ids.forEach((id, k) => { present[(j * t + k) * dim] = id; });
+      out.present = new ReplayTensor("float32", present, [2 * spec.num_layers, heads, t, dim]);
+    } else past.forEach((q, i) => {
       const name = pastNames[i].replace("past_key_values.", "present.");
       let buf: Float32Array;
       if (inPlace) {

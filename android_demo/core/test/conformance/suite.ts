@@ -130,23 +130,32 @@ function samplerChecks(): ConformanceResult["sampler"] {
   return { uint32, random, probs: dists.map((d) => Array.from(d)), draws, accept };
 }
 
-/** KV cache rollback in both layouts: values left after grow, crop and regrow (2 layers, 2 heads, dim 3). */
+/** KV cache rollback in every layout (graph formats 2, 3, 4): values left after grow, crop, a scattered crop
+ * (a tree's path) and regrow (2 layers, 2 heads, dim 3); format 4 also stores a `present` and feeds a window. */
 function kvChecks(): number[][] {
   const out: number[][] = [];
-  for (const inPlace of [false, true]) {
-    const c = new KVCache(2, 2, 3, inPlace, 2048);
+  for (const fmt of [2, 3, 4]) {
+    const c = new KVCache(2, 2, 3, fmt, 2048);
     const fill = (len: number) => Float32Array.from({ length: 2 * len * 3 }, (_, i) => i + 1);
-    if (inPlace) {
+    if (fmt === 4) {
+      c.reserve(5);
+      c.store(Float32Array.from({ length: 4 * 2 * 5 * 3 }, (_, i) => i + 1), 5); // (2 · layers, kv, T = 5, D)
+    } else if (fmt === 3) {
       c.reserve(5);
       c.tensors = c.tensors.map((t) => t.map((_, i) => i + 1));
       c.length = 5;
     } else c.set(Array.from({ length: 4 }, () => fill(5)), 5);
     c.crop(3);
     out.push([c.length, c.capacity, ...Array.from(c.tensors[3].subarray(0, 2 * c.capacity * 3))]);
-    if (inPlace) {
+    c.length = fmt >= 3 ? 5 : c.length; // in place the rows past the length are still there
+    if (fmt < 3) c.set(Array.from({ length: 4 }, () => fill(5)), 5);
+    c.crop(1, [2, 4]);
+    out.push([c.length, ...Array.from(c.tensors[1].subarray(0, 9)), ...Array.from(c.tensors[1].subarray(c.capacity * 3, c.capacity * 3 + 9))]);
+    if (fmt >= 3) {
       c.reserve(600); // past the initial capacity: one copy that keeps the 3 valid rows of each head
       out.push([c.length, c.capacity, ...Array.from(c.tensors[0].subarray(0, 9)), ...Array.from(c.tensors[0].subarray(600 * 3, 600 * 3 + 9))]);
     }
+    if (fmt === 4) out.push([c.feedWindow(3), c.feedWindow(64), c.feedWindow(65), c.feedWindow(3), c.pastViews(2)[7].length]);
   }
   return out;
 }
