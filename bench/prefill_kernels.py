@@ -182,8 +182,9 @@ def requant_errors(export: Path, picks=(0, 2, 3, 56, 58, 59, 111), tokens: int =
     return rows
 
 
-def build_int8(export: Path, out: Path) -> int:
-    """Write the int8-weight copy of ``export`` to ``out`` (module docstring); returns the matmuls replaced."""
+def build_int8(export: Path, out: Path, keep_int4: tuple[str, ...] = ()) -> int:
+    """Write the int8-weight copy of ``export`` to ``out`` (module docstring); returns the matmuls replaced.
+    Matmuls whose weight name contains one of ``keep_int4`` (e.g. ``down_proj``) stay int4."""
     if out.exists():
         raise ValueError(f"{out} exists")
     tmp = out.with_name(out.name + ".partial")
@@ -194,7 +195,7 @@ def build_int8(export: Path, out: Path) -> int:
     inits = {t.name: t for t in m.graph.initializer}
     drop, replaced = set(), 0
     for i, nd in enumerate(m.graph.node):
-        if nd.op_type != "MatMulNBits" or "lm_head" in nd.input[1]:
+        if nd.op_type != "MatMulNBits" or any(k in nd.input[1] for k in ("lm_head",) + tuple(keep_int4)):
             continue
         w = dequantize(nd, inits)
         col = np.abs(w).max(1) / 127
@@ -259,13 +260,15 @@ def main(argv=None) -> int:
     ap.add_argument("--errors", type=Path, metavar="EXPORT", help="re-quantization errors on this export's target")
     ap.add_argument("--agreement", nargs=2, type=Path, metavar=("EXPORT", "INT8"))
     ap.add_argument("--build-int8", nargs=2, type=Path, metavar=("EXPORT", "OUT"))
+    ap.add_argument("--keep-int4", default="", help="with --build-int8: comma-separated weight-name parts left int4")
     ap.add_argument("--out", type=Path, default=Path("bench/results/prefill-kernels"))
     a = ap.parse_args(argv)
     if not (a.kernels or a.errors or a.build_int8 or a.agreement):
         ap.error("nothing to do: give --kernels, --errors EXPORT, --build-int8 EXPORT OUT or --agreement EXPORT INT8")
     try:
         if a.build_int8:
-            print(f"{build_int8(*a.build_int8)} matmuls replaced: {a.build_int8[1]}")
+            n = build_int8(*a.build_int8, tuple(filter(None, a.keep_int4.split(","))))
+            print(f"{n} matmuls replaced: {a.build_int8[1]}")
             if not (a.kernels or a.errors or a.agreement):
                 return 0
         result = {"cpu": _cpu(), "onnxruntime": ort.__version__}

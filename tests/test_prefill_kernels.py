@@ -77,6 +77,9 @@ def test_build_int8_copies_an_export(tmp_path):
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 0.05  # int8 weights and activations
     with pytest.raises(ValueError, match="exists"):
         prefill_kernels.build_int8(src, out)
+    kept = tmp_path / "kept"
+    assert prefill_kernels.build_int8(src, kept, keep_int4=("down_proj",)) == 0
+    assert [n.op_type for n in onnx.load(kept / "target" / "model.onnx").graph.node] == ["MatMulNBits"]
 
 
 def test_main_needs_a_part(capsys):
