@@ -210,7 +210,8 @@ def build_int8(export: Path, out: Path, keep_int4: tuple[str, ...] = ()) -> int:
     keep = [t for t in m.graph.initializer if t.name not in drop]
     del m.graph.initializer[:]
     m.graph.initializer.extend(keep)
-    onnx.save(m, tmp / "target" / "model.onnx", save_as_external_data=True, location="model.onnx.data")
+    onnx.save(m, tmp / "target" / "model.onnx", save_as_external_data=True, location="model.onnx.data",
+              size_threshold=0)
     manifest = json.loads((tmp / "edgespec.json").read_text())
     for f in ("target/model.onnx", "target/model.onnx.data"):
         manifest["files"][f] = {"size": (tmp / f).stat().st_size,
