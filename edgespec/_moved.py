@@ -24,7 +24,7 @@ MOVED = {
     "serve_output": "apps.serve_output", "openai_api": "apps.openai_api", "openai_fields": "apps.openai_fields",
     "tools": "apps.tools", "fim": "apps.fim", "fim_api": "apps.fim_api", "fim_cli": "apps.fim_cli",
     "fim_serve": "apps.fim_serve", "context_bench": "bench.context", "evaluate": "bench.evaluate",
-    "prompts": "bench.prompts", "progress": "bench.progress",
+    "prompts": "bench.prompts", "progress": "bench.progress", "controller_memory": "control.memory",
 }
 
 
@@ -38,10 +38,16 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.util.spec_from_loader(fullname, self)
 
     def create_module(self, spec):
-        return importlib.import_module(f"edgespec.{MOVED[spec.name.rpartition('.')[2]]}")
+        module = importlib.import_module(f"edgespec.{MOVED[spec.name.rpartition('.')[2]]}")
+        spec.loader_state = module.__spec__  # the import system overwrites __spec__ with the alias's spec
+        return module
 
     def exec_module(self, module):
-        """The module ran when :meth:`create_module` imported it under its own name."""
+        """The module ran when :meth:`create_module` imported it under its own name; its own ``__spec__`` goes
+        back (so that ``importlib.reload`` of it still reloads it)."""
+        alias = module.__spec__
+        if alias is not None and alias.loader is self and alias.loader_state is not None:
+            module.__spec__ = alias.loader_state
 
 
 def install() -> None:

@@ -129,3 +129,22 @@ def test_the_flat_layout_paths_are_the_moved_modules():
     from edgespec.engine.decoder import SpecDecoder as moved
 
     assert SpecDecoder is moved
+    assert importlib.import_module("edgespec.decoder").__spec__.name == "edgespec.engine.decoder"  # reload works
+
+
+def _imports_exporter(module: str) -> bool:
+    for node in ast.walk(ast.parse(MODULES[module].read_text(), str(MODULES[module]))):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        if any(n == "edgespec.export" or n.startswith("edgespec.export.") for n in names):
+            return True
+    return False
+
+
+def test_only_apps_and_voice_import_the_exporter():
+    """``edgespec.export`` (torch, optimum: the ``export`` extra) is reached only from the apps and voice layers,
+    lazily, never from the runtime below them."""
+    users = {m for m in MODULES if _imports_exporter(m)}
+    assert users, "the check found no importer of edgespec.export at all (the CLI's export command is one)"
+    below = sorted(m for m in users if layer(m) not in ("edgespec.apps", "edgespec.voice"))
+    assert not below, f"{below} import edgespec.export"

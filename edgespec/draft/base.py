@@ -49,6 +49,16 @@ class DraftContext:
     processor: "Pipeline | None" = None
 
 
+class _FormerName:
+    """A read-only alias of a class attribute under its former name, on the class and on instances."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        return getattr(owner if obj is None else obj, self.name)
+
+
 class Proposer:
     """A drafting source. ``uses_draft``: it runs the draft model (its rounds pay draft steps and the draft's
     catch-up); ``sized_by_nodes``: its size is a node count ``n_nodes`` (it proposes branching trees) rather
@@ -63,10 +73,7 @@ class Proposer:
         if isinstance(cls.__dict__.get("tree"), bool):
             cls.sized_by_nodes = cls.__dict__["tree"]
 
-    @property
-    def tree(self) -> bool:
-        """The former name of :attr:`sized_by_nodes`."""
-        return self.sized_by_nodes
+    tree = _FormerName("sized_by_nodes")
 
     @classmethod
     def from_options(cls, options) -> "Proposer":

@@ -54,6 +54,9 @@ def forward_tokens(lm, ids: list[int], cache) -> np.ndarray | None:
     return None if logits is None else logits[-1]
 
 
+feed = forward_tokens  # the former name (``edgespec.decoder.feed``)
+
+
 class SpecDecoder:
     """Target + draft graphs of one export, with their caches and the committed tokens.
 
@@ -217,11 +220,11 @@ class SpecDecoder:
             raise ValueError(f"a cached prefix needs 1..{self.context_length - 1} tokens, got {len(ids)}")
         keep = min(common_prefix(self.tokens, ids), len(ids) - 1)
         self.tokens = list(ids)
-        for lm, cache in ((self.target, self.tcache), (self.draft, self.dcache)):
-            if lm is None:
-                continue
-            cache.crop(min(cache.length, keep))
-            forward_tokens(lm, ids[cache.length:-1], cache)
+        self.tcache.crop(min(self.tcache.length, keep))
+        forward_tokens(self.target, ids[self.tcache.length:-1], self.tcache)
+        if self.draft_model is not None:  # the draft through its DraftModel, as in the round
+            self.draft_model.keep(keep)
+            forward_tokens(self.draft_model.lm, ids[self.draft_model.cache.length:-1], self.draft_model.cache)
 
     # -- the steps -------------------------------------------------------------------------------------
 
@@ -233,11 +236,11 @@ class SpecDecoder:
         [token]."""
         keep = min(common_prefix(self.tokens, ids), len(ids) - 1)
         self.tcache.crop(keep)  # drop what the new prompt does not share
-        if self.dcache is not None:
-            self.dcache.crop(keep)
+        if self.draft_model is not None:
+            self.draft_model.keep(keep)
         self.tokens = list(ids)
         logits = forward_tokens(self.target, ids[self.tcache.length:], self.tcache)
-        if self.processor is not None:  # edgespec.processors: penalties, logit bias, grammar mask
+        if self.processor is not None:  # edgespec.core.processors: penalties, logit bias, grammar mask
             logits = self.processor(ids, logits)
         p = probs(logits, sp)
         x = coupling.choose(p, len(ids)) if coupling is not None and not sp.greedy else sample(p, rng)
@@ -307,7 +310,7 @@ class SpecDecoder:
                 rng: np.random.Generator, L: int) -> tuple[list[int], int]:
         """3. (accepted node indices, the correction or bonus token). Chains take the fast paths
         (:func:`greedy_accept`, :func:`accept_reject`); trees the walk :func:`verify_tree`; all share
-        :func:`~edgespec.sampling.accept_candidates`. A fixed proposal (no q) has one-hot q. Under a coupling
+        :func:`~edgespec.core.sampling.accept_candidates`. A fixed proposal (no q) has one-hot q. Under a coupling
         (``self.coupling``) the walk :func:`follow_choices` takes the race choice of p at each row's position
         (L + 1 + the node's depth) and keeps a proposal token iff it is that choice."""
         if self.coupling is not None:
@@ -361,7 +364,7 @@ class SpecDecoder:
                      stats: GenerationStats | None = None) -> Iterator[tuple[list[int], int]]:
         """Yield ``(new token ids, how many of them are accepted proposal tokens)`` per target run.
 
-        ``policy`` (e.g. :class:`~edgespec.adaptive.AdaptiveK`) plans each round; without one, a fixed K
+        ``policy`` (e.g. :class:`~edgespec.control.adaptive.AdaptiveK`) plans each round; without one, a fixed K
         (``options.k``, ``options.n_nodes`` for trees) from the first proposer that can propose. Stop tokens end
         generation and are not yielded. ``max_new_tokens`` is never exceeded; K is clamped so that every
         verified position stays inside the context. ``stats`` (if given) is filled in place.

@@ -88,7 +88,7 @@ class GenerationOptions:
         if self.coupling not in COUPLINGS:
             raise ValueError(f"coupling must be one of {', '.join(COUPLINGS)}, got {self.coupling!r}")
         if self.processing is not None and not isinstance(self.processing, Processing):
-            raise ValueError(f"processing must be an edgespec.processors.Processing, got {self.processing!r}")
+            raise ValueError(f"processing must be an edgespec.core.processors.Processing, got {self.processing!r}")
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
                                           or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             raise ValueError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
