@@ -44,6 +44,7 @@ from onnx import numpy_helper as nh
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cli import write_result
+from peers import cpu_model
 
 from edgespec.errors import EdgespecError
 
@@ -272,7 +273,7 @@ def main(argv=None) -> int:
             print(f"{n} matmuls replaced: {a.build_int8[1]}")
             if not (a.kernels or a.errors or a.agreement):
                 return 0
-        result = {"cpu": _cpu(), "onnxruntime": ort.__version__}
+        result = {"cpu": cpu_model(), "onnxruntime": ort.__version__}
         if a.kernels:
             result["kernels"] = {"rows": a.rows, "k": a.k, "n": a.n, "threads": a.threads,
                                  "results": time_kernels(a.rows, a.k, a.n, a.repeats, a.threads)}
@@ -289,13 +290,6 @@ def main(argv=None) -> int:
     for r in result.get("errors", []) + result.get("agreement", []):
         print("| " + " | ".join(f"{v:.4f}" if isinstance(v, float) else str(v) for v in r.values()) + " |")
     return 0
-
-
-def _cpu() -> str:
-    try:
-        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown"
 
 
 if __name__ == "__main__":
