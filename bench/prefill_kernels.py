@@ -16,7 +16,8 @@ Three parts, each optional:
 - ``--build-int8 EXPORT OUT``: a copy of EXPORT whose target's layer matmuls are ``DynamicQuantizeMatMul`` with
   int8 weights re-quantized per output column from the int4 block values (the head stays int4), with its
   manifest's file entries rewritten: time it with ``bench/prefill_sweep.py OUT --no-llama``.
-- ``--agreement EXPORT INT8``: prefill 1,000 tokens of this repository's source with INT8's target, then decode
+- ``--agreement EXPORT INT8``: prefill 1,000 tokens of this repository's source with INT8's target (an int8 copy, or
+  an export with its prefill graph, ``edgespec export --prefill-int8``; chunks as the runtime feeds them), then decode
   64 positions teacher-forced with EXPORT's (int4) target from the cache it wrote, against int4 throughout:
   argmax agreement and max |Δ logit| per prompt (3 prompts).
 
@@ -47,6 +48,7 @@ from bench_cli import write_result
 from peers import cpu_model
 
 from edgespec.errors import EdgespecError
+from edgespec.export.prefill_graph import dequantize_nbits, int8_columns
 
 REPO = Path(__file__).resolve().parents[1]
 OPSETS = [h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)]
@@ -113,14 +115,10 @@ def _nbits_nodes(model: onnx.ModelProto) -> list:
 
 def dequantize(node, inits: dict) -> np.ndarray:
     """float32 (N, K) weights of a symmetric 4-bit ``MatMulNBits`` (no zero points: the value is q − 8)."""
-    a = {x.name: h.get_attribute_value(x) for x in node.attribute}
-    if a["bits"] != 4 or len(node.input) != 3:
+    w = dequantize_nbits(node, inits, Path("."))
+    if w is None:
         raise ValueError(f"{node.name}: only symmetric 4-bit MatMulNBits without zero points or bias")
-    kk, n = a["K"], a["N"]
-    b = nh.to_array(inits[node.input[1]])
-    s = nh.to_array(inits[node.input[2]]).reshape(n, -1).astype(np.float32)
-    q = np.stack([(b & 15).astype(np.int8), (b >> 4).astype(np.int8)], -1).reshape(n, -1) - 8
-    return (q.astype(np.float32).reshape(n, s.shape[1], -1) * s[:, :, None]).reshape(n, -1)[:, :kk]
+    return w
 
 
 def _q8(v: np.ndarray, axis: int) -> np.ndarray:
@@ -198,10 +196,7 @@ def build_int8(export: Path, out: Path, keep_int4: tuple[str, ...] = ()) -> int:
     for i, nd in enumerate(m.graph.node):
         if nd.op_type != "MatMulNBits" or any(k in nd.input[1] for k in ("lm_head",) + tuple(keep_int4)):
             continue
-        w = dequantize(nd, inits)
-        col = np.abs(w).max(1) / 127
-        col[col == 0] = 1
-        w8 = np.clip(np.round(w / col[:, None]), -127, 127).astype(np.int8).T.copy()
+        w8, col = int8_columns(dequantize(nd, inits), bits=8)
         wn = nd.input[1] + "_i8"
         m.graph.initializer.extend([nh.from_array(w8, wn), nh.from_array(col.astype(np.float32), wn + "_scale")])
         drop.update(nd.input[1:])
@@ -231,8 +226,10 @@ def hybrid_agreement(export: Path, int8: Path, tokens: int = 1000, steps: int = 
 
     text = "".join(p.read_text() for d in ("engine", "io") for p in sorted((REPO / "edgespec" / d).glob("*.py")))
     ids = Tokenizer.from_file(str(export / "tokenizer.json")).encode(text).ids
-    int4 = om.OnnxLM(load_manifest(export).target, export)
-    pre8 = om.OnnxLM(load_manifest(int8).target, int8)
+    from edgespec.engine.decoder import forward_tokens
+
+    int4 = om.OnnxLM(load_manifest(export).target, export, memory=om.SessionMemory(prefill_graph=False))
+    pre8 = om.OnnxLM(load_manifest(int8).target, int8)  # an int8 copy, or an export with its prefill graph
     rows = []
     for j in range(prompts):
         start = j * (tokens + steps)
@@ -242,7 +239,7 @@ def hybrid_agreement(export: Path, int8: Path, tokens: int = 1000, steps: int = 
         logits = {}
         for name, pre in (("int4", int4), ("int8-prefill", pre8)):
             cache = int4.new_cache()
-            out = [pre.forward(prompt, cache, keep=1)[-1].copy()]
+            out = [forward_tokens(pre, prompt, cache).copy()]  # in the runtime's chunks
             out += [int4.forward([t], cache)[-1].copy() for t in cont[:-1]]
             logits[name] = np.array(out)
         a, b = logits["int4"], logits["int8-prefill"]

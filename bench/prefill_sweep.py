@@ -1,7 +1,8 @@
 """Prefill speed: edgespec's target over a range of prefill chunk sizes against ``llama-bench -p N``, one run.
 
 edgespec's prefill feeds the prompt in chunks of ``PREFILL_CHUNK`` rows with the output head on the last row only
-(``keep=1``); this script times that on a fresh KV cache for several chunk sizes (interleaved repeats, median)
+(``keep=1``); this script times that on a fresh KV cache for several chunk sizes (interleaved repeats, median),
+on the int4 graph and, where the export has one (``edgespec export --prefill-int8``), on its int8 prefill graph
 and, in the same run, llama.cpp's prompt processing of the same number of tokens on the export's own GGUF
 (``llama-bench -p N -n 0 -t THREADS``, its default batch sizes). Figures are tok/s (prompt tokens / wall time).
 
@@ -38,13 +39,15 @@ def prompt_ids(tokenizer, n: int) -> list[int]:
     return ids[:n]
 
 
-def time_prefill(dec, ids: list[int], chunk: int) -> float:
-    """Wall ms of one prefill of ``ids`` on a fresh target cache in chunks of ``chunk`` rows (head on last row)."""
+def time_prefill(dec, ids: list[int], chunk: int, prefill_graph: bool = False) -> float:
+    """Wall ms of one prefill of ``ids`` on a fresh target cache in chunks of ``chunk`` rows (head on last row);
+    ``prefill_graph``: on the export's int8 prefill graph (``edgespec export --prefill-int8``) as the runtime's
+    prefill runs chunks of ≥ 64 rows, else on the int4 graph."""
     dec.reset()
     cache = dec.tcache
     t0 = time.perf_counter()
     for i in range(0, len(ids), chunk):
-        dec.target.forward(ids[i:i + chunk], cache, keep=1)
+        dec.target.forward(ids[i:i + chunk], cache, keep=1, prefill=prefill_graph)
     return (time.perf_counter() - t0) * 1e3
 
 
@@ -74,13 +77,17 @@ def run(args) -> dict:
     export = Path(args.export) if args.export else paths.default_export_dir()
     dec = SpecDecoder.load(export, threads=args.threads)
     ids = prompt_ids(dec.tokenizer, args.tokens)
-    time_prefill(dec, ids[:64], 64)  # warm the session (first-run allocations)
-    ms: dict[int, list[float]] = {c: [] for c in chunks}
+    graphs = [False] + ([True] if dec.target.prefill_session is not None else [])  # both, interleaved
+    configs = [(c, g) for c in chunks for g in graphs]
+    for g in graphs:
+        time_prefill(dec, ids[:64], 64, g)  # warm the sessions (first-run allocations)
+    ms: dict[tuple, list[float]] = {cg: [] for cg in configs}
     for r in range(args.repeats):
-        for c in chunks[r % len(chunks):] + chunks[:r % len(chunks)]:
-            ms[c].append(time_prefill(dec, ids, c))
-    edgespec = {str(c): {"ms_p50": float(np.median(v)), "ms": v, "tok_s": args.tokens / (np.median(v) / 1e3)}
-                for c, v in ms.items()}
+        for cg in configs[r % len(configs):] + configs[:r % len(configs)]:
+            ms[cg].append(time_prefill(dec, ids, *cg))
+    edgespec = {f"{c}{' prefill graph' if g else ''}": {"ms_p50": float(np.median(v)), "ms": v,
+                                                         "tok_s": args.tokens / (np.median(v) / 1e3)}
+                for (c, g), v in ms.items()}
     del dec
     llama = None
     if not args.no_llama:

@@ -64,6 +64,7 @@ class ExportOptions:
     lm_head_bits: int | None = None
     vocab_size: int | None = None  # prune the lm_head to this many frequent ids (FR-Spec; draft only)
     graph_format: int | None = None  # None: DEFAULT_GRAPH_FORMAT where both models allow it, else 2
+    prefill_int8: bool = False  # also write the int8 prefill graph (export/prefill_graph.py; int4 only)
 
     def __post_init__(self):
         if self.graph_format is not None and self.graph_format not in GRAPH_FORMATS:
@@ -77,6 +78,9 @@ class ExportOptions:
             raise EdgespecError(f"accuracy level must be 0..4, not {self.accuracy_level}")
         if self.lm_head_bits not in (None, 4, 8, 32):
             raise EdgespecError(f"lm_head bits must be 4, 8 or 32, not {self.lm_head_bits}")
+        if self.prefill_int8 and self.precision != "int4":
+            raise EdgespecError(f"an int8 prefill graph needs int4 weights, not {self.precision} "
+                                "(its int8 weights are made from the int4 blocks)")
         if self.vocab_size is not None and self.vocab_size < 256:
             raise EdgespecError(f"a pruned draft vocabulary needs at least 256 ids, not {self.vocab_size}")
 
@@ -121,6 +125,12 @@ def _cache_key(source: Source, opts: ExportOptions) -> str:
     o = asdict(opts)
     if o["vocab_size"] is None:  # absent when unset, so graphs cached before the option existed stay valid
         del o["vocab_size"]
+    if not o["prefill_int8"]:  # the same
+        del o["prefill_int8"]
+    else:
+        from .prefill_graph import REVISION
+
+        o["prefill_int8"] = REVISION
     graph = o.pop("graph_format")
     key = {"sha": source.sha256, "opts": o, "graph": graph}
     if graph in GRAPH_REVISIONS:
@@ -129,7 +139,7 @@ def _cache_key(source: Source, opts: ExportOptions) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-GRAPH_FILES = ("model.onnx", "model.onnx.data", "kept_token_ids.npy")
+GRAPH_FILES = ("model.onnx", "model.onnx.data", "kept_token_ids.npy", "prefill.onnx", "prefill.onnx.data")
 
 
 def _cached_meta(entry: Path) -> dict | None:
@@ -257,6 +267,15 @@ def _build(info: ModelInfo, opts: ExportOptions, role: str, final: Path) -> tupl
                      embedding_bits)
             if opts.precision != "fp32" or kept is not None:
                 val["quantized"] = validate_quantized(ref, out, ids, layers, kv, hd, kept)
+            if opts.prefill_int8:
+                from .prefill_graph import PREFILL_NAME, write_prefill_graph
+
+                bar.set_description(f"{role}: int8 prefill graph")
+                write_prefill_graph(tmp)
+                val["prefill_int8"] = {"vs_fp32": validate_quantized(ref, tmp / PREFILL_NAME, ids, layers, kv, hd,
+                                                                     kept),
+                                       "vs_graph": validate_quantized(out, tmp / PREFILL_NAME, ids, layers, kv,
+                                                                      hd)}
             for f in {fp32, ref}:
                 f.unlink()
                 f.with_name(f.name + ".data").unlink()
@@ -271,7 +290,8 @@ def _build(info: ModelInfo, opts: ExportOptions, role: str, final: Path) -> tupl
                                       embedding_bits or 32),
             source=info.source.ref, source_sha256=info.source.sha256, input_names=tuple(ins),
             output_names=tuple(outs), validation=val,
-            kept_token_ids="kept_token_ids.npy" if kept is not None else None, graph_format=opts.graph_format)
+            kept_token_ids="kept_token_ids.npy" if kept is not None else None, graph_format=opts.graph_format,
+            prefill_path="prefill.onnx" if opts.prefill_int8 else None)
         meta = {
             **asdict(spec),
             "build_seconds": round(time.perf_counter() - t0, 1),
@@ -296,6 +316,10 @@ def _print_validation(role: str, meta: dict) -> None:
         q = v["quantized"]
         line += (f"; {meta['quantization']['precision']} greedy agreement {q['greedy_agreement']:.3f} over "
                  f"{q['positions']} positions, max|Δ logit| {q['max_abs_logit_error']:.2f}")
+    if "prefill_int8" in v:
+        p = v["prefill_int8"]
+        line += (f"; int8 prefill graph greedy agreement {p['vs_fp32']['greedy_agreement']:.3f} with fp32, "
+                 f"{p['vs_graph']['greedy_agreement']:.3f} with the {meta['quantization']['precision']} graph")
     _log(line)
 
 
@@ -404,7 +428,8 @@ def _assemble(out: Path, name: str, graphs: dict, t_info: ModelInfo, d_info: Mod
                 files[f"{role}/{f}"] = FileEntry(entry["size"], entry["sha256"])
             spec = graph_spec({"path": "model.onnx", **meta}, role)
             specs[role] = replace(spec, path=f"{role}/{spec.path}", kept_token_ids=spec.kept_token_ids and
-                                  f"{role}/{spec.kept_token_ids}")
+                                  f"{role}/{spec.kept_token_ids}",
+                                  prefill_path=spec.prefill_path and f"{role}/{spec.prefill_path}")
         t_info.tokenizer.backend_tokenizer.save(str(tmp / "tokenizer.json"))
         template = None
         if t_info.chat_template:

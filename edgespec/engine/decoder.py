@@ -47,10 +47,12 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 def forward_tokens(lm, ids: list[int], cache) -> np.ndarray | None:
     """Run ``ids`` through ``lm`` after ``cache`` in prefill chunks of :data:`PREFILL_CHUNK` (the head on the
-    last row only); returns the last position's logits float32 (V,), or None for no ids."""
+    last row only; chunks of ≥ 64 rows on the export's int8 prefill graph where it has one, see
+    :meth:`~edgespec.io.onnx_model.OnnxLM.forward`); returns the last position's logits float32 (V,), or None
+    for no ids."""
     logits = None
     for i in range(0, len(ids), PREFILL_CHUNK):
-        logits = lm.forward(ids[i:i + PREFILL_CHUNK], cache, keep=1)
+        logits = lm.forward(ids[i:i + PREFILL_CHUNK], cache, keep=1, prefill=True)
     return None if logits is None else logits[-1]
 
 

@@ -64,6 +64,10 @@ class GraphSpec:
     is bool (1, 1, T, W+T) with the columns P..W-1 False; the output ``present`` float32
     (2 · layers, kv_heads, T, head_dim) holds the T new rows (layer i's key at 2i, value at 2i+1), which the
     runtime stores at rows P..P+T-1 (:class:`edgespec.io.grouped_kv.GroupedKVCache`).
+
+    ``prefill_path`` (optional, ``edgespec export --prefill-int8``): a second graph with the same inputs,
+    outputs and cache contract whose layer matmuls are int8 (``export/prefill_graph.py``); the runtime runs
+    prompt chunks of ≥ 64 rows on it and everything else on ``path``.
     """
 
     path: str
@@ -82,6 +86,7 @@ class GraphSpec:
     kept_token_ids: str | None = None  # .npy of int64 ids when the lm_head is pruned (draft only)
     graph_format: int = 2  # 1–2: traced graph, KV concatenated per step; 3: shared KV buffer, fused attention;
     # 4: per-KV-head shared buffers, grouped attention in plain ops
+    prefill_path: str | None = None  # the same graph with int8 layer matmuls, for prompt chunks (export/prefill_graph.py)
 
     def past_names(self) -> list[tuple[str, str]]:
         """``[(key_name, value_name)]`` per layer, in layer order."""
@@ -185,7 +190,8 @@ _GRAPH = {"path": ("str", True), "architecture": ("str", True), "num_layers": ("
           "num_kv_heads": ("pos", True), "head_dim": ("pos", True), "vocab_size": ("pos", True),
           "context_length": ("pos", True), "quantization": ("object", True), "source": ("str", True),
           "source_sha256": ("str", True), "input_names": ("names", True), "output_names": ("names", True),
-          "validation": ("object", False), "kept_token_ids": ("str?", False), "graph_format": ("pos", False)}
+          "validation": ("object", False), "kept_token_ids": ("str?", False), "graph_format": ("pos", False),
+          "prefill_path": ("str?", False)}
 _SPECIAL = {"bos": ("token?", True), "eos": ("token", True), "pad": ("token?", True), "stop": ("tokens", True)}
 _MANIFEST = {"name": ("str", True), "target": ("object", True), "draft": ("object", True), "tokenizer": ("str", True),
              "chat_template": ("str?", True), "special_tokens": ("object", True), "tokenizer_sha256": ("str", True),
@@ -218,8 +224,9 @@ def graph_spec(d: Any, role: str) -> GraphSpec:
 def _graph(d: Any, role: str) -> GraphSpec:
     d = _fields(d, role, _GRAPH)
     _relative(d["path"], f"{role}.path")
-    if d.get("kept_token_ids") is not None:
-        _relative(d["kept_token_ids"], f"{role}.kept_token_ids")
+    for key in ("kept_token_ids", "prefill_path"):
+        if d.get(key) is not None:
+            _relative(d[key], f"{role}.{key}")
     d["quantization"] = Quantization(**_fields(d["quantization"], f"{role}.quantization", _QUANTIZATION))
     d["input_names"] = tuple(d["input_names"])
     d["output_names"] = tuple(d["output_names"])
@@ -269,6 +276,8 @@ def named_files(m: Manifest) -> list[tuple[str, str, bool]]:
     for role, g in (("target", m.target), ("draft", m.draft)):
         if g.kept_token_ids:
             out.append((f"{role}.kept_token_ids", g.kept_token_ids, True))
+        if g.prefill_path:
+            out.append((f"{role}.prefill_path", g.prefill_path, True))
     out += [("files", rel, True) for rel in m.files]
     return out
 

@@ -200,6 +200,7 @@ SharedKVCache = InPlaceKVCache  # the former name ("shared": past and present sh
 
 CACHE_CAPACITY = 4096  # initial positions of a format-3 cache buffer; it doubles on demand up to the context
 _ALL_ROWS = np.zeros(1, dtype=np.int64)  # logits_keep = 0: every row
+PREFILL_GRAPH_ROWS = 64  # prefill chunks of at least this many rows run on the int8 prefill graph, when loaded
 
 
 def causal_mask(past: int, new: int) -> np.ndarray:
@@ -251,6 +252,8 @@ class SessionMemory:
       never reads again (the int4 scales onnxruntime keeps after packing them; :mod:`edgespec.pages`).
     - ``release_while_loading``: do that every 50 ms while the session is being created too, so the load's
       peak does not hold every scale read so far (:class:`edgespec.pages.ReleaseWhileLoading`).
+    - ``prefill_graph``: also load the export's int8 prefill graph where it has one (``edgespec export
+      --prefill-int8``: about 2× faster prompt chunks, about 1.4 GB more RSS for the 1.5B target).
 
     Measured (docs/benchmarks.md, "Memory"): keep the arena (without it malloc fragments worse: more RSS
     growth per context token) and prepacking (without it an int4 step is about 37× slower: MatMulNBits
@@ -265,6 +268,7 @@ class SessionMemory:
     mem_pattern: bool = True
     release_pages: bool = True
     release_while_loading: bool = True
+    prefill_graph: bool = True
 
     @staticmethod
     def named(name: str) -> "SessionMemory":
@@ -332,11 +336,17 @@ class OnnxLM:
         path = Path(export_dir) / spec.path
         files = [f for f in path.parent.iterdir() if f.is_file()]
         loading = ReleaseWhileLoading(files) if memory.release_while_loading else None
+        prefill_path = Path(export_dir) / spec.prefill_path if spec.prefill_path and memory.prefill_graph else None
         with loading or contextlib.nullcontext():
             session = open_session(path, provider, provider_options, threads, memory)
+            prefill = open_session(prefill_path, provider, provider_options, threads, memory) if prefill_path else None
         self._setup(spec, session)
         self.export_dir = Path(export_dir)
         check_graph(session, spec, role, path, self._past, self._outputs)  # the manifest describes this graph
+        if prefill is not None:
+            check_graph(prefill, spec, f"{role} prefill graph", prefill_path, self._past, self._outputs)
+            self._check_format(prefill, prefill_path)
+            self.prefill_session = prefill
         # file pages given back while and after loading (SessionMemory.release_while_loading, release_pages)
         self.released_bytes = loading.released if loading else 0
         if memory.release_pages:
@@ -368,9 +378,13 @@ class OnnxLM:
                                    + session.get_inputs())  # format 3: a required input
         self.in_place = spec.graph_format >= 3
         self._logits_at = 2 * spec.num_layers  # IO binding lists outputs in binding order: presents, then logits
-        fmt = spec.graph_format
+        self.prefill_session: ort.InferenceSession | None = None  # the int8 prefill graph, when loaded
+        self._check_format(session, spec.path)
+
+    def _check_format(self, session: ort.InferenceSession, path) -> None:
+        fmt = self.spec.graph_format
         if self.in_place and session.get_modelmeta().custom_metadata_map.get("edgespec.graph_format") != str(fmt):
-            raise EdgespecError(f"{spec.path}: the manifest says graph format {fmt} but the graph is not a "
+            raise EdgespecError(f"{path}: the manifest says graph format {fmt} but the graph is not a "
                                 f"format-{fmt} graph (export again)")
 
     def new_cache(self, capacity: int | None = None) -> KVCache | InPlaceKVCache:
@@ -388,17 +402,21 @@ class OnnxLM:
         return KVCache(self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim)
 
     def forward(self, ids, cache: KVCache | InPlaceKVCache, position_ids: np.ndarray | None = None,
-                mask: np.ndarray | None = None, keep: int = 0) -> np.ndarray:
+                mask: np.ndarray | None = None, keep: int = 0, prefill: bool = False) -> np.ndarray:
         """Run ``ids`` int64 (T,) after the cached positions; appends T positions to ``cache``.
 
         ``position_ids`` int64 (T,) defaults to ``cache.length + arange(T)``; ``mask`` bool (1, 1, T, P+T)
         defaults to causal. Returns logits float32 (T, V), or with ``keep`` = N > 0 those of the last N rows
         only, (min(N, T), V): the graph then skips the output head for the other rows (a prefill or catch-up
         needs one row), if the export has the ``logits_keep`` input; older exports slice afterwards. With
-        ``vocab_limit`` set, V is cut to it (a head padded past the tokenizer's ids).
+        ``vocab_limit`` set, V is cut to it (a head padded past the tokenizer's ids). ``prefill`` runs a chunk
+        of T ≥ :data:`PREFILL_GRAPH_ROWS` on the export's int8 prefill graph when it is loaded
+        (``export/prefill_graph.py``; same cache), else on the graph itself.
         """
         ids = np.asarray(ids, dtype=np.int64)
         p, t = cache.length, len(ids)
+        session = (self.prefill_session if prefill and self.prefill_session is not None
+                   and t >= PREFILL_GRAPH_ROWS else self.session)
         if position_ids is None:
             position_ids = np.arange(p, p + t, dtype=np.int64)
         feeds = {"input_ids": ids[None], "position_ids": np.asarray(position_ids, dtype=np.int64)[None],
@@ -406,23 +424,25 @@ class OnnxLM:
         if keep > 0 and self.has_logits_keep:
             feeds["logits_keep"] = np.array([keep], dtype=np.int64)
         if self.grouped:
-            logits = cache.run(self.session, feeds, p + t, _ALL_ROWS if self.has_logits_keep else None)
+            logits = cache.run(session, feeds, p + t, _ALL_ROWS if self.has_logits_keep else None)
         elif self.in_place:
-            logits = self._run_in_place(feeds, cache, p + t)
+            logits = self._run_in_place(session, feeds, cache, p + t)
         else:
             feeds.update(zip(self._past, cache.tensors))
-            out = self.session.run(self._outputs, feeds)
+            out = session.run(self._outputs, feeds)
             cache.tensors = out[1:]
             logits = out[0]
         logits = logits[0][-keep:] if keep > 0 else logits[0]
         return logits[:, :self.vocab_limit] if self.vocab_limit is not None else logits
 
-    def _run_in_place(self, feeds: dict, cache: InPlaceKVCache, total: int) -> np.ndarray:
-        """One run with IO binding: the cache buffers are both past and present; only ``logits`` is new."""
+    def _run_in_place(self, session: ort.InferenceSession, feeds: dict, cache: InPlaceKVCache,
+                      total: int) -> np.ndarray:
+        """One run of ``session`` with IO binding: the cache buffers are both past and present; only ``logits``
+        is new."""
         cache.reserve(total)
-        io = cache.bindings.get(id(self.session))
+        io = cache.bindings.get(id(session))
         if io is None:
-            io = cache.bindings[id(self.session)] = self.session.io_binding()
+            io = cache.bindings[id(session)] = session.io_binding()
             for name, value in zip(self._past, cache.values):
                 io.bind_ortvalue_input(name, value)
             for name, value in zip(self._outputs[1:], cache.values):
@@ -432,6 +452,6 @@ class OnnxLM:
             io.bind_cpu_input(name, value)
         if "logits_keep" not in feeds and self.has_logits_keep:
             io.bind_cpu_input("logits_keep", _ALL_ROWS)
-        self.session.run_with_iobinding(io)
+        session.run_with_iobinding(io)
         cache.length = total
         return io.get_outputs()[self._logits_at].numpy()

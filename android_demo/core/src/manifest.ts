@@ -4,7 +4,9 @@
  * absent = 2): 2 adds an optional `logits_keep` input that onnxruntime's JavaScript API cannot feed (the core
  * slices logits afterwards, as the Python runtime does for format 1); 3 has an in-place KV buffer and fused
  * attention; 4 keeps format 3's in-place cache with per-KV-head past inputs and grouped attention in plain ops
- * (export/grouped_graph.py; see kvcache.ts). Anything else is refused with one clear error.
+ * (export/grouped_graph.py; see kvcache.ts). Anything else is refused with one clear error. A graph's optional
+ * `prefill_path` (`edgespec export --prefill-int8`: the same graph with int8 layer matmuls, for prompt chunks) is
+ * not read: the core prefills on `path`, which gives the same cache contract.
  */
 import { EdgespecError } from "./errors.js";
 import { pastNames } from "./kvcache.js";

@@ -1,0 +1,160 @@
+"""The int8 prefill graph (``edgespec export --prefill-int8``, export/prefill_graph.py): written beside the int4
+graph, validated where it enters, run for prompt chunks of ≥ PREFILL_GRAPH_ROWS rows only, on the same cache."""
+
+import shutil
+from dataclasses import replace
+
+import numpy as np
+import onnx
+import pytest
+
+from edgespec import SpecDecoder
+from edgespec.bench.evaluate import greedy_check
+from edgespec.errors import EdgespecError
+from edgespec.io import onnx_model as om
+from edgespec.io.manifest import load_manifest
+
+IDS = [int(i) for i in np.random.default_rng(1).integers(3, 400, 200)]
+
+
+@pytest.fixture(scope="module", params=[3, 4], ids=["format3", "format4"])
+def export(request, home, tiny_dirs, tmp_path_factory):
+    from edgespec.export import ExportOptions, export_pair
+
+    t = ExportOptions(precision="int4", graph_format=request.param, prefill_int8=True)
+    d = ExportOptions(precision="int4", graph_format=request.param)
+    out = tmp_path_factory.mktemp("prefill") / f"f{request.param}"
+    return export_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), out, t, d)
+
+
+class Counting:
+    """Counts a session's runs (either run method), delegating everything else."""
+
+    def __init__(self, session):
+        self.session, self.runs = session, 0
+
+    def run(self, *a, **k):
+        self.runs += 1
+        return self.session.run(*a, **k)
+
+    def run_with_iobinding(self, *a, **k):
+        self.runs += 1
+        return self.session.run_with_iobinding(*a, **k)
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+
+def test_the_export_writes_an_int8_prefill_graph_that_shares_the_int4_data(export):
+    m = load_manifest(export)
+    assert m.target.prefill_path == "target/prefill.onnx" and m.draft.prefill_path is None
+    assert {"target/prefill.onnx", "target/prefill.onnx.data"} <= set(m.files)
+    v = m.target.validation["prefill_int8"]
+    assert v["vs_graph"]["positions"] == 256 and 0 <= v["vs_fp32"]["greedy_agreement"] <= 1
+    g = onnx.load(str(export / m.target.prefill_path), load_external_data=False).graph
+    ops = {}
+    for n in g.node:
+        ops.setdefault(n.op_type, []).append(n)
+    assert ops["DynamicQuantizeMatMul"] and all("down_proj" in n.input[1] or "logits" in n.output
+                                                for n in ops["MatMulNBits"])
+    where = {t.name: {e.key: e.value for e in t.external_data}.get("location") for t in g.initializer}
+    assert "model.onnx.data" in where.values()  # what both graphs use is read from the int4 graph's file
+    assert all(where[n.input[1]] == "prefill.onnx.data" for n in ops["DynamicQuantizeMatMul"])
+
+
+def test_the_int8_weights_are_the_int4_values_within_half_a_step(export):
+    from edgespec.export.prefill_graph import _array, dequantize_nbits
+
+    m = load_manifest(export)
+    gdir = export / "target"
+    int4 = onnx.load(str(gdir / "model.onnx"), load_external_data=False).graph
+    int8 = onnx.load(str(gdir / "prefill.onnx"), load_external_data=False).graph
+    i4, i8 = {t.name: t for t in int4.initializer}, {t.name: t for t in int8.initializer}
+    checked, layer_matmuls = 0, [n for n in int4.node if n.op_type == "MatMulNBits" and "logits" not in n.output
+                                  and "down_proj" not in n.input[1]]
+    for node in int4.node:
+        if node.op_type == "MatMulNBits" and node.input[1] + "_i8" in i8:
+            w = dequantize_nbits(node, i4, gdir)
+            q = _array(i8[node.input[1] + "_i8"], gdir).astype(np.float32)
+            s = _array(i8[node.input[1] + "_i8_scale"], gdir)
+            assert np.abs(q * s[None] - w.T).max() <= s.max() / 2 + 1e-7
+            assert np.abs(q).max() == 63  # 7 bits: AVX2's saturating u8 × s8 pairs never overflow
+            checked += 1
+    assert checked == len(layer_matmuls) >= 3 * m.target.num_layers  # packed qkv, o, gate/up; down_proj stays int4
+
+
+def test_long_prompt_chunks_run_on_the_prefill_graph_and_nothing_else_does(export):
+    from edgespec.engine.decoder import forward_tokens
+
+    m = load_manifest(export)
+    lm = om.OnnxLM(m.target, export)
+    assert lm.prefill_session is not None
+    lm.session, lm.prefill_session = Counting(lm.session), Counting(lm.prefill_session)
+    cache = lm.new_cache()
+    forward_tokens(lm, IDS[:150], cache)  # one chunk of 150 rows
+    assert (lm.prefill_session.runs, lm.session.runs) == (1, 0)
+    assert om.PREFILL_GRAPH_ROWS > 40
+    forward_tokens(lm, IDS[150:190], cache)  # too short for it
+    lm.forward(IDS[-5:], cache)  # a verify
+    lm.forward(IDS[-1:], cache)  # a step
+    assert (lm.prefill_session.runs, lm.session.runs) == (1, 3) and cache.length == 150 + 40 + 6
+    lm.forward(IDS[:100], lm.new_cache())  # a long run that is not a prefill: the int4 graph
+    assert lm.prefill_session.runs == 1
+
+
+def test_the_prefill_graph_continues_on_the_same_cache_close_to_int4(export):
+    """Logits after an int8 prefill, and int4 steps after it, stay close to int4 throughout (the int8 graph
+    quantizes the activations per tensor; the bound is loose enough for any CPU's QGEMM rounding)."""
+    from edgespec.engine.decoder import forward_tokens
+
+    m = load_manifest(export)
+    lm = om.OnnxLM(m.target, export)
+    ref = om.OnnxLM(m.target, export, memory=replace(om.DEFAULT_MEMORY, prefill_graph=False))
+    assert ref.prefill_session is None
+    a, b = ref.new_cache(), lm.new_cache()
+    la, lb = forward_tokens(ref, IDS[:128], a), forward_tokens(lm, IDS[:128], b)
+    steps_a = [ref.forward([t], a)[-1] for t in IDS[128:140]]
+    steps_b = [lm.forward([t], b)[-1] for t in IDS[128:140]]
+    x, y = np.array([la] + steps_a), np.array([lb] + steps_b)
+    spread = x.max(1) - x.min(1)
+    assert (np.abs(x - y).max(1) < 0.25 * spread).all()
+    assert not np.array_equal(x[0], y[0])  # it did run a different graph
+
+
+def test_plain_and_speculative_greedy_stay_identical_with_the_prefill_graph(export):
+    dec = SpecDecoder.load(export)
+    assert dec.target.prefill_session is not None
+    r = greedy_check(dec, IDS[:140], 24, k=3, proposers=("draft",))
+    assert r["ok"] and r["identical"], r["problem"]
+    assert r["stats"].proposed > 0
+
+
+def test_a_damaged_prefill_graph_is_caught_on_load(export, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(export, bad)
+    data = bad / "target" / "prefill.onnx.data"
+    raw = bytearray(data.read_bytes())
+    raw[-1] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with pytest.raises(EdgespecError, match="prefill.onnx.data"):
+        SpecDecoder.load(bad)
+    (bad / "target" / "prefill.onnx").unlink()
+    with pytest.raises(EdgespecError, match="prefill.onnx is missing"):
+        SpecDecoder.load(bad)
+
+
+def test_a_prefill_graph_needs_int4_weights():
+    from edgespec.export import ExportOptions
+
+    with pytest.raises(EdgespecError, match="needs int4"):
+        ExportOptions(precision="fp32", prefill_int8=True)
+
+
+def test_the_cli_leaves_it_unloaded_on_request(export, monkeypatch):
+    from edgespec.apps.cli import _load, build_parser
+
+    seen = []
+    monkeypatch.setattr(SpecDecoder, "load", classmethod(lambda cls, d, **kw: seen.append(kw["memory"])))
+    for flag in (["--no-prefill-graph"], []):
+        _load(build_parser().parse_args(["generate", str(export), "--prompt", "x"] + flag))
+    assert [m.prefill_graph for m in seen] == [False, True]
