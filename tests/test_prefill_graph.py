@@ -158,3 +158,18 @@ def test_the_cli_leaves_it_unloaded_on_request(export, monkeypatch):
     for flag in (["--no-prefill-graph"], []):
         _load(build_parser().parse_args(["generate", str(export), "--prompt", "x"] + flag))
     assert [m.prefill_graph for m in seen] == [False, True]
+
+
+def test_the_drafts_prompt_catch_up_runs_on_its_prefill_graph(home, tiny_dirs, tmp_path):
+    """``--draft-prefill-int8``: the draft reads a long lag (its first proposal's feed, a plain step's catch-up)
+    on its own prefill graph; its one-token steps stay on the int4 graph."""
+    from edgespec.export import ExportOptions, export_pair
+
+    o = ExportOptions(precision="int4", prefill_int8=True)
+    d = export_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), tmp_path / "both", o, o)
+    dec = SpecDecoder.load(d)
+    draft = dec.draft_model.lm
+    assert load_manifest(d).draft.prefill_path == "draft/prefill.onnx" and draft.prefill_session is not None
+    draft.session, draft.prefill_session = Counting(draft.session), Counting(draft.prefill_session)
+    dec.generate(input_ids=IDS[:120], max_new_tokens=8, proposers=("draft",), k=2).run()
+    assert draft.prefill_session.runs == 1 and draft.session.runs > 0

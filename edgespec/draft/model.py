@@ -66,7 +66,7 @@ class DraftModel:
         a longer one the catch-up of all but one token (which also drafted the first token)."""
         feed = tokens[self.cache.length:]
         t0 = time.perf_counter()
-        logits = self.lm.forward(feed, self.cache, keep=1)
+        logits = self.lm.forward(feed, self.cache, keep=1, prefill=True)  # a long lag: the int8 prefill graph
         ms = (time.perf_counter() - t0) * 1e3
         if len(feed) == 1:
             prop.draft_step_ms.append(ms)
@@ -81,7 +81,7 @@ class DraftModel:
         feed = tokens[start:min(start + m, len(tokens) - 1)]
         t0 = time.perf_counter()
         if feed:
-            self.lm.forward(feed, self.cache, keep=1)
+            self.lm.forward(feed, self.cache, keep=1, prefill=True)
         return (time.perf_counter() - t0) * 1e3, len(feed)
 
     def probs(self, logits: np.ndarray, sp: SamplingParams, tokens: Sequence[int] = (), prefix=()) -> np.ndarray:
