@@ -158,3 +158,27 @@ def test_the_cli_leaves_it_unloaded_on_request(export, monkeypatch):
     for flag in (["--no-prefill-graph"], []):
         _load(build_parser().parse_args(["generate", str(export), "--prompt", "x"] + flag))
     assert [m.prefill_graph for m in seen] == [False, True]
+
+
+@pytest.fixture(scope="module")
+def both_export(home, tiny_dirs, tmp_path_factory):
+    """Format 3, the target's and the draft's prefill graphs (``--prefill-int8 --draft-prefill-int8``)."""
+    from edgespec.export import ExportOptions, export_pair
+
+    o = ExportOptions(precision="int4", graph_format=3, prefill_int8=True)
+    return export_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), tmp_path_factory.mktemp("both") / "p",
+                       o, o)
+
+
+def test_the_drafts_prompt_catch_up_runs_on_its_prefill_graph(both_export):
+    dec = SpecDecoder.load(both_export)
+    assert dec.draft.prefill_session is not None
+    dec.draft.prefill_session = Counting(dec.draft.prefill_session)
+    dec.generate(input_ids=IDS[:150], max_new_tokens=4, proposers=("draft",), k=3, temperature=0).run()
+    assert dec.draft.prefill_session.runs == 1  # its first proposal's feed: the 150-token prompt
+    tokens = dec.tokens + IDS
+    dec.draft_model.keep(100)
+    dec.draft_model.catch_up(tokens, 60)  # a plain step's catch-up, too short
+    dec.draft_model.catch_up(tokens, 64)
+    assert dec.draft.prefill_session.runs == 2 and dec.dcache.length == 224
+
