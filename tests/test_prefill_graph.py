@@ -182,3 +182,38 @@ def test_the_drafts_prompt_catch_up_runs_on_its_prefill_graph(both_export):
     dec.draft_model.catch_up(tokens, 64)
     assert dec.draft.prefill_session.runs == 2 and dec.dcache.length == 224
 
+
+def test_a_later_turn_prefills_alike_after_plain_and_speculative_decoding(both_export):
+    """A speculative round that runs past a stop token commits tokens plain decoding never has; the next
+    prompt must still reuse the same cached positions, or its rest goes to the int8 graph in one mode and to
+    the int4 graph in the other (here: 64 rows after plain, 63 after speculative)."""
+    dec = SpecDecoder.load(both_export)
+    prompt, rest = IDS[:100], IDS[100:163]
+    out = dec.generate(input_ids=prompt, max_new_tokens=14, temperature=0).run().token_ids
+    run_round, longest = dec.run_round, []
+
+    def recording(*a, **k):
+        r = run_round(*a, **k)
+        longest.append(len(dec.tokens))
+        return r
+
+    dec.run_round = recording
+    past_stop = 0
+    for j in range(2, 12):
+        if out[j] in out[:j]:
+            continue
+        dec.stop_ids = frozenset({out[j]})
+        seen = {}
+        for proposers in ((), ("draft",)):
+            dec.reset()
+            longest.clear()
+            g = dec.generate(input_ids=prompt, max_new_tokens=14, proposers=proposers, k=3, temperature=0).run()
+            assert g.token_ids == out[:j]
+            past_stop += max(longest, default=0) > len(prompt) + j + 1
+            dec.target.prefill_session = Counting(dec.target.prefill_session)
+            second = dec.generate(input_ids=prompt + out[:j + 1] + rest, max_new_tokens=3, proposers=proposers,
+                                  temperature=0).run()
+            seen[proposers] = (dec.target.prefill_session.runs, second.token_ids)
+            dec.target.prefill_session = dec.target.prefill_session.session
+        assert seen[()] == seen[("draft",)] and seen[()][0] == 1, j
+    assert past_stop  # some speculative round did commit tokens past the stop
