@@ -217,3 +217,16 @@ def test_a_later_turn_prefills_alike_after_plain_and_speculative_decoding(both_e
             dec.target.prefill_session = dec.target.prefill_session.session
         assert seen[()] == seen[("draft",)] and seen[()][0] == 1, j
     assert past_stop  # some speculative round did commit tokens past the stop
+
+
+@pytest.mark.parametrize("where", ["draft/model.onnx", "target/model.onnx", "prefill.onnx"])
+def test_a_prefill_path_must_name_another_graph_beside_the_graph(export, tmp_path, where):
+    import json
+
+    bad = tmp_path / "bad"
+    shutil.copytree(export, bad)
+    raw = json.loads((bad / "edgespec.json").read_text())
+    raw["target"]["prefill_path"] = where  # the draft's graph has the tiny target's shapes: it would run
+    (bad / "edgespec.json").write_text(json.dumps(raw))
+    with pytest.raises(EdgespecError, match="target.prefill_path must name a graph beside target.path"):
+        SpecDecoder.load(bad)
