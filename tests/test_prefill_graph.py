@@ -230,3 +230,22 @@ def test_a_prefill_path_must_name_another_graph_beside_the_graph(export, tmp_pat
     (bad / "edgespec.json").write_text(json.dumps(raw))
     with pytest.raises(EdgespecError, match="target.prefill_path must name a graph beside target.path"):
         SpecDecoder.load(bad)
+
+
+def test_a_cached_graph_without_its_prefill_graph_is_built_again(export, home, tmp_path):
+    import json
+
+    from edgespec.export.pipeline import _cached_meta
+
+    src = next(e for e in (home / "graphs").iterdir() if (e / "meta.json").is_file()
+               and json.loads((e / "meta.json").read_text()).get("prefill_path"))
+    assert _cached_meta(src) is not None
+    for case in ("file", "entry"):
+        entry = tmp_path / case
+        shutil.copytree(src, entry)
+        (entry / "prefill.onnx").unlink()
+        if case == "entry":  # its meta no longer lists the prefill graph it names
+            meta = json.loads((entry / "meta.json").read_text())
+            del meta["files"]["prefill.onnx"], meta["files"]["prefill.onnx.data"]
+            (entry / "meta.json").write_text(json.dumps(meta))
+        assert _cached_meta(entry) is None, case
