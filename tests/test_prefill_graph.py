@@ -150,13 +150,21 @@ def test_a_prefill_graph_needs_int4_weights():
         ExportOptions(precision="fp32", prefill_int8=True)
 
 
-def test_the_cli_leaves_it_unloaded_on_request(export, monkeypatch):
-    from edgespec.apps.cli import _load, build_parser
+@pytest.mark.parametrize("command", ["generate", "chat", "complete", "serve"])
+def test_the_cli_leaves_it_unloaded_on_request(export, monkeypatch, command):
+    from edgespec.apps.cli import main
 
     seen = []
-    monkeypatch.setattr(SpecDecoder, "load", classmethod(lambda cls, d, **kw: seen.append(kw["memory"])))
+
+    def load(cls, d, **kw):
+        seen.append(kw["memory"])
+        raise EdgespecError("loaded")
+
+    monkeypatch.setattr(SpecDecoder, "load", classmethod(load))
+    monkeypatch.setattr("edgespec.apps.serve.listen", lambda host, port: None)  # no port taken
+    extra = {"generate": ["--prompt", "x"], "complete": ["--prefix-text", "x"]}.get(command, [])
     for flag in (["--no-prefill-graph"], []):
-        _load(build_parser().parse_args(["generate", str(export), "--prompt", "x"] + flag))
+        assert main([command, str(export)] + extra + flag) == 2  # the command loads, with the flag
     assert [m.prefill_graph for m in seen] == [False, True]
 
 
@@ -249,3 +257,20 @@ def test_a_cached_graph_without_its_prefill_graph_is_built_again(export, home, t
             del meta["files"]["prefill.onnx"], meta["files"]["prefill.onnx.data"]
             (entry / "meta.json").write_text(json.dumps(meta))
         assert _cached_meta(entry) is None, case
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--voice", "--prefill-int8"], "--prefill-int8 applies to a pair export, not to --voice"),
+    (["--voice", "--draft-prefill-int8"], "--draft-prefill-int8 applies to a pair export, not to --voice"),
+    (["--precision", "int8", "--prefill-int8"], "needs int4 weights, not int8"),
+    (["--precision", "fp32", "--draft-prefill-int8"], "needs int4 weights, not fp32"),
+    (["--draft-precision", "int8", "--draft-prefill-int8"], "needs int4 weights, not int8"),
+])
+def test_the_cli_refuses_a_prefill_graph_it_cannot_build_in_one_line(tiny_dirs, tmp_path, capsys, args, said):
+    from edgespec.apps.cli import main
+
+    code = main(["export", "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]),
+                 "--out", str(tmp_path / "out")] + args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and said in err[0], err
+    assert not (tmp_path / "out").exists()
