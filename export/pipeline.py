@@ -128,9 +128,9 @@ def _cache_key(source: Source, opts: ExportOptions) -> str:
     if not o["prefill_int8"]:  # the same
         del o["prefill_int8"]
     else:
-        from .prefill_graph import REVISION
+        from .prefill_graph import REVISION, REVISIONS
 
-        o["prefill_int8"] = REVISION
+        o["prefill_int8"] = REVISIONS.get(opts.graph_format, REVISION)
     graph = o.pop("graph_format")
     key = {"sha": source.sha256, "opts": o, "graph": graph}
     if graph in GRAPH_REVISIONS:

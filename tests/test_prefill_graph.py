@@ -17,7 +17,7 @@ from edgespec.io.manifest import load_manifest
 IDS = [int(i) for i in np.random.default_rng(1).integers(3, 400, 200)]
 
 
-@pytest.fixture(scope="module", params=[3, 4], ids=["format3", "format4"])
+@pytest.fixture(scope="module", params=[2, 3, 4], ids=["format2", "format3", "format4"])
 def export(request, home, tiny_dirs, tmp_path_factory):
     from edgespec.export import ExportOptions, export_pair
 
@@ -55,8 +55,10 @@ def test_the_export_writes_an_int8_prefill_graph_that_shares_the_int4_data(expor
     ops = {}
     for n in g.node:
         ops.setdefault(n.op_type, []).append(n)
-    assert ops["DynamicQuantizeMatMul"] and all("down_proj" in n.input[1] or "logits" in n.output
-                                                for n in ops["MatMulNBits"])
+    kept = ops["MatMulNBits"]  # down_proj and the head: by node name (format 2 names weights onnx::MatMul_N)
+    assert ops["DynamicQuantizeMatMul"] and len(kept) == m.target.num_layers + 1
+    assert all("down_proj" in n.name or "logits" in n.output for n in kept)
+    assert not any("down_proj" in n.name + n.output[0] for n in ops["DynamicQuantizeMatMul"])
     where = {t.name: {e.key: e.value for e in t.external_data}.get("location") for t in g.initializer}
     assert "model.onnx.data" in where.values()  # what both graphs use is read from the int4 graph's file
     assert all(where[n.input[1]] == "prefill.onnx.data" for n in ops["DynamicQuantizeMatMul"])
@@ -71,7 +73,7 @@ def test_the_int8_weights_are_the_int4_values_within_half_a_step(export):
     int8 = onnx.load(str(gdir / "prefill.onnx"), load_external_data=False).graph
     i4, i8 = {t.name: t for t in int4.initializer}, {t.name: t for t in int8.initializer}
     checked, layer_matmuls = 0, [n for n in int4.node if n.op_type == "MatMulNBits" and "logits" not in n.output
-                                  and "down_proj" not in n.input[1]]
+                                  and "down_proj" not in n.name]
     for node in int4.node:
         if node.op_type == "MatMulNBits" and node.input[1] + "_i8" in i8:
             w = dequantize_nbits(node, i4, gdir)
@@ -274,3 +276,14 @@ def test_the_cli_refuses_a_prefill_graph_it_cannot_build_in_one_line(tiny_dirs, 
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and said in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_graph_cache_key_tells_the_prefill_graphs_apart():
+    from edgespec.export import ExportOptions
+    from edgespec.export.pipeline import _cache_key
+    from edgespec.export.sources import Source
+
+    src = Source(ref="x", kind="hf", path=None, sha256="ab" * 32)
+    keys = {(f, p): _cache_key(src, ExportOptions(precision="int4", graph_format=f, prefill_int8=p))
+            for f in (2, 3, 4) for p in (False, True)}
+    assert len(set(keys.values())) == 6  # with and without it, per format
