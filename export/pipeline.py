@@ -128,9 +128,9 @@ def _cache_key(source: Source, opts: ExportOptions) -> str:
     if not o["prefill_int8"]:  # the same
         del o["prefill_int8"]
     else:
-        from .prefill_graph import REVISION
+        from .prefill_graph import REVISION, REVISIONS
 
-        o["prefill_int8"] = REVISION
+        o["prefill_int8"] = REVISIONS.get(opts.graph_format, REVISION)
     graph = o.pop("graph_format")
     key = {"sha": source.sha256, "opts": o, "graph": graph}
     if graph in GRAPH_REVISIONS:
@@ -153,7 +153,10 @@ def _cached_meta(entry: Path) -> dict | None:
             paths.write_atomic(entry / "meta.json", json.dumps(meta, indent=2))
         files = meta["files"]
         graph_spec({"path": "model.onnx", **meta}, "cached graph")  # the graph schema, checked where it is read
-        if "model.onnx" not in files or set(files) - set(GRAPH_FILES):
+        named = {"model.onnx"} | {meta[k] for k in ("kept_token_ids", "prefill_path") if meta.get(k)}
+        if meta.get("prefill_path"):
+            named.add(meta["prefill_path"] + ".data")
+        if named - set(files) or set(files) - set(GRAPH_FILES):  # a graph it names that it does not keep
             return None
         for name, f in files.items():
             check_file(entry / name, FileEntry(int(f["size"]), str(f["sha256"])))

@@ -9,15 +9,15 @@ int4, 12.0 ms int8 (``bench/prefill_kernels.py --kernels``, docs/benchmarks.md).
 :func:`write_prefill_graph` writes ``prefill.onnx`` next to a graph's ``model.onnx``: the same graph (same
 inputs, outputs and KV cache contract, so the runtime runs it on the same cache buffers) with the layer
 matmuls re-quantized per output column from the int4 block values (7-bit values stored as int8,
-:data:`WEIGHT_BITS`). Matmuls whose weight name contains
-one of ``keep_int4`` stay int4: ``down_proj``, whose inputs carry outlier channels 26–85× the median on
-Qwen2.5 (int8 per-tensor activations lose them: teacher-forced greedy agreement with int4 0.86–0.94 with it
+:data:`WEIGHT_BITS`). Matmuls whose weight, node or output name contains one of ``keep_int4`` stay int4:
+``down_proj``, whose inputs carry outlier channels 26–85× the median on Qwen2.5 (int8 per-tensor activations lose them: teacher-forced greedy agreement with int4 0.86–0.94 with it
 int8, 0.95–1.00 without). The output head stays as it is. Every tensor the two graphs share stays in
 ``model.onnx.data`` (``prefill.onnx`` points into it); only the int8 weights and their scales go to
 ``prefill.onnx.data``, each at a 64 KiB-aligned offset.
 
 The runtime uses the prefill graph for prompt chunks of at least 64 rows only
-(``edgespec.engine.decoder.forward_tokens``, :data:`edgespec.io.onnx_model.PREFILL_GRAPH_ROWS`); decode steps and verifies stay on the int4 graph, and plain and
+(``edgespec.engine.decoder.forward_tokens``, :data:`edgespec.io.onnx_model.PREFILL_GRAPH_ROWS`); decode
+steps and verifies stay on the int4 graph, and plain and
 speculative decoding prefill the same way, so they stay identical to each other.
 """
 
@@ -37,6 +37,8 @@ KEEP_INT4 = ("down_proj",)
 # int4 as well as 8 (docs/benchmarks.md). Part of the graph cache key (REVISION): change both together.
 WEIGHT_BITS = 7
 REVISION = f"int{WEIGHT_BITS}-columns-keep-{'+'.join(KEEP_INT4)}"
+# format 2 names its weights onnx::MatMul_N: its down_proj was made int8 until the node names were read too
+REVISIONS = {2: REVISION + "-by-node-name"}
 _ALIGN = 1 << 16
 
 
@@ -85,6 +87,13 @@ def int8_columns(w: np.ndarray, bits: int = WEIGHT_BITS) -> tuple[np.ndarray, np
     return np.ascontiguousarray(q.T), scale.astype(np.float32)
 
 
+def _kept(node: onnx.NodeProto, keep_int4: tuple[str, ...]) -> bool:
+    """Whether the matmul stays int4: one of ``keep_int4`` in its weight's, its own or its output's name (a
+    format-3/4 graph names the weights after the module, ``layers.0.mlp.down_proj.weight_Q4``; the traced
+    format-2 graph only the node and its output, ``/model/model/layers.0/mlp/down_proj/MatMul_Q4``)."""
+    return any(k in name for k in keep_int4 for name in (node.input[1], node.name, *node.output))
+
+
 def write_prefill_graph(graph_dir: Path, keep_int4: tuple[str, ...] = KEEP_INT4, bits: int = WEIGHT_BITS) -> int:
     """Write ``graph_dir/prefill.onnx`` and ``prefill.onnx.data`` from ``graph_dir/model.onnx`` (module
     docstring); returns how many matmuls became int8.
@@ -101,7 +110,7 @@ def write_prefill_graph(graph_dir: Path, keep_int4: tuple[str, ...] = KEEP_INT4,
     new_inits, replaced = [], set()
     with open(data_path, "wb") as data:
         for i, node in enumerate(model.graph.node):
-            if node.op_type != "MatMulNBits" or node.name in head or any(k in node.input[1] for k in keep_int4):
+            if node.op_type != "MatMulNBits" or node.name in head or _kept(node, keep_int4):
                 continue
             w = dequantize_nbits(node, inits, graph_dir)
             if w is None:

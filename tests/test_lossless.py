@@ -136,8 +136,8 @@ def test_a_kernel_noise_flip_at_a_built_in_tie_passes_the_rule(tied, monkeypatch
     assert row[a] == row[b]  # the tie is in the weights
     forward = d.target.forward
 
-    def many_rows_differ(ids, cache, position_ids=None, mask=None, keep=0):
-        logits = forward(ids, cache, position_ids, mask, keep)
+    def many_rows_differ(ids, cache, position_ids=None, mask=None, keep=0, prefill=False):
+        logits = forward(ids, cache, position_ids, mask, keep, prefill)
         if len(ids) > 1:  # a K+1-row verify (or a prefill chunk): another kernel, another rounding
             logits = logits.copy()
             logits[:, b] += 1e-4

@@ -17,7 +17,7 @@ from edgespec.io.manifest import load_manifest
 IDS = [int(i) for i in np.random.default_rng(1).integers(3, 400, 200)]
 
 
-@pytest.fixture(scope="module", params=[3, 4], ids=["format3", "format4"])
+@pytest.fixture(scope="module", params=[2, 3, 4], ids=["format2", "format3", "format4"])
 def export(request, home, tiny_dirs, tmp_path_factory):
     from edgespec.export import ExportOptions, export_pair
 
@@ -55,8 +55,10 @@ def test_the_export_writes_an_int8_prefill_graph_that_shares_the_int4_data(expor
     ops = {}
     for n in g.node:
         ops.setdefault(n.op_type, []).append(n)
-    assert ops["DynamicQuantizeMatMul"] and all("down_proj" in n.input[1] or "logits" in n.output
-                                                for n in ops["MatMulNBits"])
+    kept = ops["MatMulNBits"]  # down_proj and the head: by node name (format 2 names weights onnx::MatMul_N)
+    assert ops["DynamicQuantizeMatMul"] and len(kept) == m.target.num_layers + 1
+    assert all("down_proj" in n.name or "logits" in n.output for n in kept)
+    assert not any("down_proj" in n.name + n.output[0] for n in ops["DynamicQuantizeMatMul"])
     where = {t.name: {e.key: e.value for e in t.external_data}.get("location") for t in g.initializer}
     assert "model.onnx.data" in where.values()  # what both graphs use is read from the int4 graph's file
     assert all(where[n.input[1]] == "prefill.onnx.data" for n in ops["DynamicQuantizeMatMul"])
@@ -71,7 +73,7 @@ def test_the_int8_weights_are_the_int4_values_within_half_a_step(export):
     int8 = onnx.load(str(gdir / "prefill.onnx"), load_external_data=False).graph
     i4, i8 = {t.name: t for t in int4.initializer}, {t.name: t for t in int8.initializer}
     checked, layer_matmuls = 0, [n for n in int4.node if n.op_type == "MatMulNBits" and "logits" not in n.output
-                                  and "down_proj" not in n.input[1]]
+                                  and "down_proj" not in n.name]
     for node in int4.node:
         if node.op_type == "MatMulNBits" and node.input[1] + "_i8" in i8:
             w = dequantize_nbits(node, i4, gdir)
@@ -150,26 +152,138 @@ def test_a_prefill_graph_needs_int4_weights():
         ExportOptions(precision="fp32", prefill_int8=True)
 
 
-def test_the_cli_leaves_it_unloaded_on_request(export, monkeypatch):
-    from edgespec.apps.cli import _load, build_parser
+@pytest.mark.parametrize("command", ["generate", "chat", "complete", "serve"])
+def test_the_cli_leaves_it_unloaded_on_request(export, monkeypatch, command):
+    from edgespec.apps.cli import main
 
     seen = []
-    monkeypatch.setattr(SpecDecoder, "load", classmethod(lambda cls, d, **kw: seen.append(kw["memory"])))
+
+    def load(cls, d, **kw):
+        seen.append(kw["memory"])
+        raise EdgespecError("loaded")
+
+    monkeypatch.setattr(SpecDecoder, "load", classmethod(load))
+    monkeypatch.setattr("edgespec.apps.serve.listen", lambda host, port: None)  # no port taken
+    extra = {"generate": ["--prompt", "x"], "complete": ["--prefix-text", "x"]}.get(command, [])
     for flag in (["--no-prefill-graph"], []):
-        _load(build_parser().parse_args(["generate", str(export), "--prompt", "x"] + flag))
+        assert main([command, str(export)] + extra + flag) == 2  # the command loads, with the flag
     assert [m.prefill_graph for m in seen] == [False, True]
 
 
-def test_the_drafts_prompt_catch_up_runs_on_its_prefill_graph(home, tiny_dirs, tmp_path):
-    """``--draft-prefill-int8``: the draft reads a long lag (its first proposal's feed, a plain step's catch-up)
-    on its own prefill graph; its one-token steps stay on the int4 graph."""
+@pytest.fixture(scope="module")
+def both_export(home, tiny_dirs, tmp_path_factory):
+    """Format 3, the target's and the draft's prefill graphs (``--prefill-int8 --draft-prefill-int8``)."""
     from edgespec.export import ExportOptions, export_pair
 
-    o = ExportOptions(precision="int4", prefill_int8=True)
-    d = export_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), tmp_path / "both", o, o)
-    dec = SpecDecoder.load(d)
-    draft = dec.draft_model.lm
-    assert load_manifest(d).draft.prefill_path == "draft/prefill.onnx" and draft.prefill_session is not None
-    draft.session, draft.prefill_session = Counting(draft.session), Counting(draft.prefill_session)
-    dec.generate(input_ids=IDS[:120], max_new_tokens=8, proposers=("draft",), k=2).run()
-    assert draft.prefill_session.runs == 1 and draft.session.runs > 0
+    o = ExportOptions(precision="int4", graph_format=3, prefill_int8=True)
+    return export_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), tmp_path_factory.mktemp("both") / "p",
+                       o, o)
+
+
+def test_the_drafts_prompt_catch_up_runs_on_its_prefill_graph(both_export):
+    dec = SpecDecoder.load(both_export)
+    assert dec.draft.prefill_session is not None
+    dec.draft.prefill_session = Counting(dec.draft.prefill_session)
+    dec.generate(input_ids=IDS[:150], max_new_tokens=4, proposers=("draft",), k=3, temperature=0).run()
+    assert dec.draft.prefill_session.runs == 1  # its first proposal's feed: the 150-token prompt
+    tokens = dec.tokens + IDS
+    dec.draft_model.keep(100)
+    dec.draft_model.catch_up(tokens, 60)  # a plain step's catch-up, too short
+    dec.draft_model.catch_up(tokens, 64)
+    assert dec.draft.prefill_session.runs == 2 and dec.dcache.length == 224
+
+
+def test_a_later_turn_prefills_alike_after_plain_and_speculative_decoding(both_export):
+    """A speculative round that runs past a stop token commits tokens plain decoding never has; the next
+    prompt must still reuse the same cached positions, or its rest goes to the int8 graph in one mode and to
+    the int4 graph in the other (here: 64 rows after plain, 63 after speculative)."""
+    dec = SpecDecoder.load(both_export)
+    prompt, rest = IDS[:100], IDS[100:163]
+    out = dec.generate(input_ids=prompt, max_new_tokens=14, temperature=0).run().token_ids
+    run_round, longest = dec.run_round, []
+
+    def recording(*a, **k):
+        r = run_round(*a, **k)
+        longest.append(len(dec.tokens))
+        return r
+
+    dec.run_round = recording
+    past_stop = 0
+    for j in range(2, 12):
+        if out[j] in out[:j]:
+            continue
+        dec.stop_ids = frozenset({out[j]})
+        seen = {}
+        for proposers in ((), ("draft",)):
+            dec.reset()
+            longest.clear()
+            g = dec.generate(input_ids=prompt, max_new_tokens=14, proposers=proposers, k=3, temperature=0).run()
+            assert g.token_ids == out[:j]
+            past_stop += max(longest, default=0) > len(prompt) + j + 1
+            dec.target.prefill_session = Counting(dec.target.prefill_session)
+            second = dec.generate(input_ids=prompt + out[:j + 1] + rest, max_new_tokens=3, proposers=proposers,
+                                  temperature=0).run()
+            seen[proposers] = (dec.target.prefill_session.runs, second.token_ids)
+            dec.target.prefill_session = dec.target.prefill_session.session
+        assert seen[()] == seen[("draft",)] and seen[()][0] == 1, j
+    assert past_stop  # some speculative round did commit tokens past the stop
+
+
+@pytest.mark.parametrize("where", ["draft/model.onnx", "target/model.onnx", "prefill.onnx"])
+def test_a_prefill_path_must_name_another_graph_beside_the_graph(export, tmp_path, where):
+    import json
+
+    bad = tmp_path / "bad"
+    shutil.copytree(export, bad)
+    raw = json.loads((bad / "edgespec.json").read_text())
+    raw["target"]["prefill_path"] = where  # the draft's graph has the tiny target's shapes: it would run
+    (bad / "edgespec.json").write_text(json.dumps(raw))
+    with pytest.raises(EdgespecError, match="target.prefill_path must name a graph beside target.path"):
+        SpecDecoder.load(bad)
+
+
+def test_a_cached_graph_without_its_prefill_graph_is_built_again(export, home, tmp_path):
+    import json
+
+    from edgespec.export.pipeline import _cached_meta
+
+    src = next(e for e in (home / "graphs").iterdir() if (e / "meta.json").is_file()
+               and json.loads((e / "meta.json").read_text()).get("prefill_path"))
+    assert _cached_meta(src) is not None
+    for case in ("file", "entry"):
+        entry = tmp_path / case
+        shutil.copytree(src, entry)
+        (entry / "prefill.onnx").unlink()
+        if case == "entry":  # its meta no longer lists the prefill graph it names
+            meta = json.loads((entry / "meta.json").read_text())
+            del meta["files"]["prefill.onnx"], meta["files"]["prefill.onnx.data"]
+            (entry / "meta.json").write_text(json.dumps(meta))
+        assert _cached_meta(entry) is None, case
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--voice", "--prefill-int8"], "--prefill-int8 applies to a pair export, not to --voice"),
+    (["--voice", "--draft-prefill-int8"], "--draft-prefill-int8 applies to a pair export, not to --voice"),
+    (["--precision", "int8", "--prefill-int8"], "needs int4 weights, not int8"),
+    (["--precision", "fp32", "--draft-prefill-int8"], "needs int4 weights, not fp32"),
+    (["--draft-precision", "int8", "--draft-prefill-int8"], "needs int4 weights, not int8"),
+])
+def test_the_cli_refuses_a_prefill_graph_it_cannot_build_in_one_line(tiny_dirs, tmp_path, capsys, args, said):
+    from edgespec.apps.cli import main
+
+    code = main(["export", "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]),
+                 "--out", str(tmp_path / "out")] + args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and said in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_graph_cache_key_tells_the_prefill_graphs_apart():
+    from edgespec.export import ExportOptions
+    from edgespec.export.pipeline import _cache_key
+    from edgespec.export.sources import Source
+
+    src = Source(ref="x", kind="hf", path=None, sha256="ab" * 32)
+    keys = {(f, p): _cache_key(src, ExportOptions(precision="int4", graph_format=f, prefill_int8=p))
+            for f in (2, 3, 4) for p in (False, True)}
+    assert len(set(keys.values())) == 6  # with and without it, per format

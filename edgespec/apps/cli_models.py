@@ -64,7 +64,8 @@ def cmd_export(a) -> int:
         raise EdgespecError(NO_EXPORTER) from None
     if a.voice:
         if a.prefill_int8 or a.draft_prefill_int8:
-            raise EdgespecError("--prefill-int8 applies to a pair export, not to --voice")
+            flag = "--prefill-int8" if a.prefill_int8 else "--draft-prefill-int8"
+            raise EdgespecError(f"{flag} applies to a pair export, not to --voice")
         from edgespec.export.voice import prepare_moonshine
 
         print(prepare_moonshine(a.out))

@@ -63,10 +63,11 @@ class DraftModel:
     def lead(self, tokens: Sequence[int], prop: Proposal) -> np.ndarray:
         """A proposal's first feed: the committed ``tokens`` the draft has not read, ``last`` included; returns
         the last row's logits float32 (1, V_d). Its time (ms) goes to ``prop``: a one-token feed is a draft step,
-        a longer one the catch-up of all but one token (which also drafted the first token)."""
+        a longer one the catch-up of all but one token (which also drafted the first token); a catch-up of
+        ≥ 64 rows runs on the draft's int8 prefill graph where the export has one (``--draft-prefill-int8``)."""
         feed = tokens[self.cache.length:]
         t0 = time.perf_counter()
-        logits = self.lm.forward(feed, self.cache, keep=1, prefill=True)  # a long lag: the int8 prefill graph
+        logits = self.lm.forward(feed, self.cache, keep=1, prefill=True)
         ms = (time.perf_counter() - t0) * 1e3
         if len(feed) == 1:
             prop.draft_step_ms.append(ms)
@@ -76,7 +77,8 @@ class DraftModel:
 
     def catch_up(self, tokens: Sequence[int], m: int) -> tuple[float, int]:
         """Feed up to ``m`` of the committed ``tokens`` the draft has not read, the newest excluded (it stays
-        for the next proposal's first feed); returns (ms, tokens fed)."""
+        for the next proposal's first feed; ≥ 64 of them on the int8 prefill graph, as :meth:`lead`); returns
+        (ms, tokens fed)."""
         start = self.cache.length
         feed = tokens[start:min(start + m, len(tokens) - 1)]
         t0 = time.perf_counter()

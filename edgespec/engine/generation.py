@@ -196,6 +196,12 @@ def run_rounds(decoder, input_ids: list[int], o: GenerationOptions, proposers: l
     finally:  # also when the caller stops iterating early; not for a generation a newer one replaced
         if decoder.generations == generation:
             policy.end(stats.new_tokens)
+            # keep what was generated (a stop token included), not a round's tokens past it: the next prompt
+            # then reuses as many cached positions after speculative decoding as after plain, so both prefill
+            # its rest in the same chunks (the same graph: OnnxLM.forward's int8 prefill graph)
+            n = len(input_ids) + stats.new_tokens
+            if 1 <= n < len(decoder.tokens):
+                decoder.rewind_to(n)
     stats.wall_ms = (time.perf_counter() - t_start) * 1e3
 
 

@@ -66,8 +66,9 @@ class GraphSpec:
     runtime stores at rows P..P+T-1 (:class:`edgespec.io.grouped_kv.GroupedKVCache`).
 
     ``prefill_path`` (optional, ``edgespec export --prefill-int8``): a second graph with the same inputs,
-    outputs and cache contract whose layer matmuls are int8 (``export/prefill_graph.py``); the runtime runs
-    prompt chunks of ≥ 64 rows on it and everything else on ``path``.
+    outputs and cache contract whose layer matmuls are int8 (``export/prefill_graph.py``), in ``path``'s
+    directory (it reads their shared tensors from that directory's data file); the runtime runs prompt chunks
+    of ≥ 64 rows on it and everything else on ``path``.
     """
 
     path: str
@@ -227,6 +228,11 @@ def _graph(d: Any, role: str) -> GraphSpec:
     for key in ("kept_token_ids", "prefill_path"):
         if d.get(key) is not None:
             _relative(d[key], f"{role}.{key}")
+    pre = d.get("prefill_path")
+    if pre is not None and (Path(pre).parent != Path(d["path"]).parent or Path(pre) == Path(d["path"])):
+        # it reads the graph's shared tensors from the graph's own data file, by a path relative to itself
+        raise _Invalid(f"{role}.prefill_path must name a graph beside {role}.path ({_show(d['path'])}), "
+                       f"got {_show(pre)}")
     d["quantization"] = Quantization(**_fields(d["quantization"], f"{role}.quantization", _QUANTIZATION))
     d["input_names"] = tuple(d["input_names"])
     d["output_names"] = tuple(d["output_names"])

@@ -326,11 +326,13 @@ class OnnxLM:
     def __init__(self, spec: GraphSpec, export_dir: str | Path, provider: str = "cpu", threads: int | None = None,
                  provider_options: dict | None = None, role: str = "target", memory: SessionMemory | None = None):
         """Open the graph ``spec.path`` of ``export_dir`` on ``provider`` (see :func:`open_session`) with the
-        session memory settings ``memory`` (default :data:`DEFAULT_MEMORY`), and check it against ``spec``.
+        session memory settings ``memory`` (default :data:`DEFAULT_MEMORY`), and check it against ``spec``;
+        likewise its int8 prefill graph ``spec.prefill_path`` where the export has one and
+        ``memory.prefill_graph`` is set (:attr:`prefill_session`, else None).
 
         Raises:
-            EdgespecError: an unknown provider, a graph onnxruntime cannot load, or one that does not match
-                ``spec``.
+            EdgespecError: an unknown provider, a graph (or prefill graph) onnxruntime cannot load, or one that
+                does not match ``spec``.
         """
         memory = memory or DEFAULT_MEMORY
         path = Path(export_dir) / spec.path
