@@ -6,7 +6,7 @@
  * attention; 4 keeps format 3's in-place cache with per-KV-head past inputs and grouped attention in plain ops
  * (export/grouped_graph.py; see kvcache.ts). Anything else is refused with one clear error. A graph's optional
  * `prefill_path` (`edgespec export --prefill-int8`: the same graph with int8 layer matmuls, for prompt chunks) is
- * not read: the core prefills on `path`, which gives the same cache contract.
+ * not loaded: the core prefills on `path`, which gives the same cache contract, and transfers skip it.
  */
 import { EdgespecError } from "./errors.js";
 import { pastNames } from "./kvcache.js";
@@ -45,6 +45,9 @@ export interface GraphSpec {
   readonly output_names: readonly string[];
   /** .npy of int64 target ids, one per output of a pruned draft head (draft only), or null. */
   readonly kept_token_ids: string | null;
+  /** An int8 prefill graph beside `path` (`edgespec export --prefill-int8`), or null: the core never loads it,
+   * and a transfer to the device leaves it and its data file behind (transfer.ts). */
+  readonly prefill_path: string | null;
   /** 1–2: traced graph, KV concatenated per run; 3: past and present are one buffer of capacity C ≥ P+T
    * (past in its first P rows, P = mask width − T), updated in place; `logits_keep` int64 (1,) is an input.
    * 4 (batch 1): the past is `past_key_values.{i}.key|value.{h}` float32 (W, head_dim) per layer i and KV head
@@ -124,7 +127,7 @@ const GRAPH: Record<string, [Kind, boolean]> = {
   path: ["str", true], architecture: ["str", true], num_layers: ["pos", true], num_kv_heads: ["pos", true],
   head_dim: ["pos", true], vocab_size: ["pos", true], context_length: ["pos", true], quantization: ["object", true],
   input_names: ["names", true], output_names: ["names", true], kept_token_ids: ["str?", false],
-  graph_format: ["pos", false],
+  graph_format: ["pos", false], prefill_path: ["str?", false],
 };
 const QUANT: Record<string, [Kind, boolean]> = {
   precision: ["str", true], block_size: ["pos?", false], accuracy_level: ["nonneg?", false], lm_head_bits: ["pos?", false],
@@ -152,6 +155,7 @@ function graph(d: unknown, role: string): GraphSpec {
       `${GRAPH_FORMAT} (update the app or export again)`);
   insideExport(g.path, `${role}.path`);
   if (g.kept_token_ids !== null) insideExport(g.kept_token_ids, `${role}.kept_token_ids`);
+  if (g.prefill_path !== null) insideExport(g.prefill_path, `${role}.prefill_path`);
   const q = fields(g.quantization, `${role}.quantization`, QUANT);
   q.lm_head_bits = q.lm_head_bits ?? 32;
   const past = pastNames(g.num_layers, g.num_kv_heads, g.graph_format);

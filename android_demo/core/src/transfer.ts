@@ -65,12 +65,22 @@ export function notAnExport(where: string, names: readonly string[]): EdgespecEr
   return new EdgespecError(`${where}: not an edgespec export (no ${MANIFEST_NAME}; it holds ${shown})`);
 }
 
+/** The files of the graphs' int8 prefill graphs (`prefill_path` and its `.data` file, as the exporter names
+ * them): the core never loads them, so a device neither copies nor needs them (~0.9 GB for the 1.5B target). */
+export function unusedFiles(m: Manifest): Set<string> {
+  const out = new Set<string>();
+  for (const g of [m.target, m.draft]) if (g.prefill_path !== null) [g.prefill_path, `${g.prefill_path}.data`].forEach((p) => out.add(p));
+  return out;
+}
+
 /** Every file the manifest names (graphs, tokenizer, template, kept ids) and lists, with the recorded size
- * and sha256 where the manifest lists it (null: an older manifest without `files`). */
+ * and sha256 where the manifest lists it (null: an older manifest without `files`); not the prefill graphs'
+ * files (`unusedFiles`). */
 export function exportFiles(m: Manifest): { path: string; entry: { size: number; sha256: string } | null }[] {
   const named = [m.target.path, m.draft.path, m.tokenizer, m.chat_template, m.target.kept_token_ids, m.draft.kept_token_ids]
     .filter((p): p is string => p !== null);
-  const paths = [...new Set([...named, ...Object.keys(m.files)])].sort();
+  const unused = unusedFiles(m);
+  const paths = [...new Set([...named, ...Object.keys(m.files)])].filter((p) => !unused.has(p)).sort();
   return paths.map((path) => ({ path, entry: m.files[path] ?? null }));
 }
 
@@ -87,8 +97,9 @@ export function planTransfer(m: Manifest, manifestBytes: number, have: Record<st
       "copy the folder with adb, or export it again");
   const unlisted = exportFiles(m).filter((f) => f.entry === null).map((f) => f.path);
   if (unlisted.length) throw new EdgespecError(`${where}: the manifest's file list lacks ${unlisted.slice(0, 3).join(", ")}`);
-  const files: TransferFile[] = Object.entries(m.files).sort(([a], [b]) => (a < b ? -1 : 1))
-    .map(([path, e]) => ({ path, size: e.size, sha256: e.sha256 }));
+  const unused = unusedFiles(m);
+  const files: TransferFile[] = Object.entries(m.files).filter(([path]) => !unused.has(path))
+    .sort(([a], [b]) => (a < b ? -1 : 1)).map(([path, e]) => ({ path, size: e.size, sha256: e.sha256 }));
   files.push({ path: MANIFEST_NAME, size: manifestBytes, sha256: "" });
   const fetch = files.filter((f) => f.path === MANIFEST_NAME || have[f.path] !== f.size);
   const sum = (fs: TransferFile[]) => fs.reduce((a, f) => a + f.size, 0);

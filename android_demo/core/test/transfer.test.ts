@@ -46,6 +46,21 @@ test("planTransfer: every file, the manifest last; skips complete files; refuses
   assert.throws(() => planTransfer(manifest(lacking), 3000, {}, null, "u"), /file list lacks draft\/model.onnx/);
 });
 
+test("an int8 prefill graph (edgespec export --prefill-int8) is neither copied nor required on the device", async () => {
+  const files = { ...FILES, "target/prefill.onnx": { size: 900, sha256: SHA }, "target/prefill.onnx.data": { size: 9e8, sha256: SHA } };
+  const m = parseManifest(JSON.stringify({ ...JSON.parse(JSON.stringify(manifest())), files,
+    target: { ...graph("target/model.onnx"), prefill_path: "target/prefill.onnx" } }));
+  assert.equal(m.target.prefill_path, "target/prefill.onnx");
+  assert.equal(manifest().target.prefill_path, null);
+  const p = planTransfer(m, 3000, {}, null, "u");
+  assert.deepEqual(p.files.map((f) => f.path), ["draft/model.onnx", "target/model.onnx", "target/model.onnx.data", "tokenizer.json", MANIFEST_NAME]);
+  assert.equal(p.totalBytes, 1000 + 2e9 + 500 + 70 + 3000);
+  const sizes: Record<string, number> = Object.fromEntries(Object.entries(FILES).map(([k, v]) => [k, v.size]));
+  await checkExportSizes(m, async (rel) => sizes[rel] ?? null, "d");
+  assert.throws(() => parseManifest(JSON.stringify({ ...JSON.parse(JSON.stringify(manifest())),
+    target: { ...graph("target/model.onnx"), prefill_path: "../x.onnx" } })), /target.prefill_path must be a path inside/);
+});
+
 test("checkExportSizes: a missing or truncated file is named before loading", async () => {
   const m = manifest();
   const sizes: Record<string, number> = Object.fromEntries(Object.entries(FILES).map(([k, v]) => [k, v.size]));
