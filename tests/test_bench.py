@@ -112,10 +112,11 @@ def test_eval_on_the_tiny_pair(tiny_export, home, prompts_file):
     assert ll["spec_standard"]["samples"] == ll["spec_gumbel"]["samples"] == ll["plain"]["samples"] == 4
     assert 0 < ll["spec_gumbel"]["alpha"] <= 1 and 0 < ll["spec_standard"]["alpha"] <= 1
     human = subprocess.run([sys.executable, "-m", "edgespec.cli", "eval", str(tiny_export), "--prompts",
-                            str(prompts_file), "--draws", "50", "--ll-samples", "2", "--max-new-tokens", "8"],
+                            str(prompts_file), "--draws", "50", "--ll-samples", "1", "--max-new-tokens", "8"],
                            capture_output=True, text=True, env=dict(os.environ, EDGESPEC_HOME=str(home)), timeout=600)
     assert human.returncode == 0, human.stderr
     assert "greedy: 4/4 speculative runs identical to plain" in human.stdout and "kernel noise" in human.stdout
+    assert "likelihood (plain): mean log p" in human.stdout  # one text: no standard error, no traceback
 
 
 def test_context_sweep_runs_two_exports_side_by_side(export_each_format, tiny_export, home, tmp_path):

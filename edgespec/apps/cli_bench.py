@@ -168,7 +168,8 @@ def cmd_eval(a) -> int:
               f"seeds; sampling noise alone {s['tv_noise']:.3f}")
     for mode, l in r["likelihood"].items():
         extra = f", alpha {l['alpha']:.3f}" if l.get("alpha") is not None else ""
-        print(f"likelihood ({mode}): mean log p {l['mean_log_likelihood']:.3f} ± {l['stderr']:.3f} "
+        err = f" ± {l['stderr']:.3f}" if l["stderr"] is not None else ""  # one text: no standard error
+        print(f"likelihood ({mode}): mean log p {l['mean_log_likelihood']:.3f}{err} "
               f"(perplexity {l['perplexity']:.2f}, {l['samples']} texts{extra})")
     ok = all(g["ok"] for g in r["greedy"] + r["seeded"])
     return 0 if ok else 1

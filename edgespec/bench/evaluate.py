@@ -314,11 +314,15 @@ def first_token_check(decoder, input_ids: list[int], sp: SamplingParams, draws: 
     ``input_ids``, over ``draws`` seeds; the standard accept/reject rule, or with ``coupled`` the Gumbel
     coupling (:mod:`.coupling`, one seed per draw).
 
-    Compares it with the target's processed distribution p at that position (exact, from one target run)
-    and returns ``tv`` and ``tv_noise`` (mean TV of ``draws`` direct samples from p, 20 repeats).
+    Compares it with the target's processed distribution p at that position (exact: the prompt but its last
+    token prefilled as the decoder prefills it, in its chunks and on its graphs, then the last token as a
+    one-row step, as a round's verify row reads it) and returns ``tv`` and ``tv_noise`` (mean TV of ``draws``
+    direct samples from p, 20 repeats).
     """
     decoder.reset()
-    p = probs(decoder.target.forward(input_ids, decoder.target.new_cache(), keep=1)[-1], sp)
+    cache = decoder.target.new_cache()
+    forward_tokens(decoder.target, input_ids[:-1], cache)
+    p = probs(decoder.target.forward(input_ids[-1:], cache)[-1], sp)
     counts = np.zeros_like(p)
     proposer = decoder.proposers_for(GenerationOptions(proposers=("tree",) if tree else ("draft",)))[0]
     plan = RoundPlan(proposer, k=k, n_nodes=k)
