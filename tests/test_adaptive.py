@@ -331,3 +331,42 @@ def test_calibration_outlier_takes_the_line_value():
     fixed = smooth_verify(spiked)
     assert fixed[:5] == clean[:5] and fixed[6:] == clean[6:]
     assert 122.6 < fixed[5] < 164.8
+
+
+def test_an_answer_length_prior_prices_the_catch_up_before_any_answer_was_seen():
+    """``answer_prior`` (the voice use's short answers): with no answer seen, the catch-up is spread over
+    max(L − n, n) tokens instead of half of the request's limit, so a cold voice controller does not pay a
+    prompt catch-up that a 12-token answer cannot return; an answer that outlives L is again expected to run n
+    more, and a seen answer replaces the prior."""
+    cost = CostModel(list(LINEAR), draft_ms=30.0, draft_prefill_ms=6.0)
+    cold = AdaptiveK(cost, alpha0=0.7)
+    voice = AdaptiveK(cost, alpha0=0.7, answer_prior=24)
+    assert cold.expected_remaining(128) == 64
+    assert [voice.expected_remaining(128)] == [24]
+    assert _choose(cold, lag=45, horizon=128)[1] > 0  # 264 ms of catch-up over 64 tokens pays
+    assert _choose(voice, lag=45, horizon=128) == ("draft", 0)  # over 24 it does not
+    for n in range(1, 40):
+        _observe(voice, "draft", 0, 0, None, 100.0)
+        assert voice.expected_remaining(128) == max(24 - n, n)
+    assert voice.expected_remaining(30) == 30  # never more than the request allows
+    voice.end(200)
+    voice.begin()
+    assert voice.expected_remaining(1000) == 200  # the answers seen replace the prior
+    for bad in (0, -1, float("nan"), float("inf"), True, "24"):
+        with pytest.raises(ValueError, match="answer_prior"):
+            AdaptiveK(cost, answer_prior=bad)
+
+
+def test_the_voice_use_and_the_bench_voice_class_get_the_voice_prior(monkeypatch):
+    """``k_policy(use="voice")`` (``edgespec voice``, the bench's voice prompts) builds the controller with
+    ``ANSWER_PRIORS["voice"]``; other uses with none."""
+    from edgespec.control import adaptive
+    from edgespec.engine import presets
+
+    got = []
+    monkeypatch.setattr(adaptive.AdaptiveK, "for_decoder",
+                        classmethod(lambda cls, dec, **kw: got.append(kw["answer_prior"])))
+    presets.k_policy(object(), None, use="voice")
+    presets.k_policy(object(), None, memory="chat")
+    presets.k_policy(object(), None)
+    assert got == [presets.ANSWER_PRIORS["voice"], None, None]

@@ -74,9 +74,10 @@ class Mode:
         raise ValueError(f"unknown mode {name!r} (plain, k<K>, tree<N>, adaptive, adaptive@<ms>, "
                          f"{', '.join(known)}, adaptive+tree, …+<proposer>)")
 
-    def controller(self, dec: SpecDecoder) -> AdaptiveK:
-        """A new adaptive controller for this mode on ``dec``."""
-        return presets.k_policy(dec, None, self.budget_ms)
+    def controller(self, dec: SpecDecoder, cls: str | None = None) -> AdaptiveK:
+        """A new adaptive controller for this mode on ``dec``, for prompts of class ``cls`` (the voice class gets
+        the voice use's answer-length prior, as ``edgespec voice`` does: :data:`~edgespec.engine.presets.ANSWER_PRIORS`)."""
+        return presets.k_policy(dec, None, self.budget_ms, use=cls)
 
     @property
     def proposers(self) -> tuple[str, ...]:
@@ -110,7 +111,7 @@ def run_one(dec: SpecDecoder, mode: Mode, prompt: Prompt, max_new_tokens: int, t
     ids = dec.encode(messages=list(prompt.messages))
     options = mode.options(max_new_tokens, temperature, seed)
     if mode.k is None and policy is None and options.proposers:
-        policy = mode.controller(dec)
+        policy = mode.controller(dec, prompt.cls)
     warm = bool(policy is not None and policy.lengths)
     stats = GenerationStats()
     t0 = time.perf_counter()
@@ -258,7 +259,7 @@ def run_bench(export_dir: str | Path, modes: list[str], prompts: list[Prompt], m
         for mode in order:
             key = (mode.name, prompt.cls)
             if mode.k is None and sessions and key not in controllers:
-                controllers[key] = mode.controller(spec)
+                controllers[key] = mode.controller(spec, prompt.cls)
             start[mode.name] = controllers.get(key)
         reps = {mode.name: [] for mode in order}
         for _ in range(repeats):  # interleaved: a slow stretch of the machine hits every mode alike

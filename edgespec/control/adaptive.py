@@ -30,6 +30,7 @@ draft term of the round time). No proposer class is imported. Pure decision logi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -77,10 +78,13 @@ class AdaptiveK(KPolicy):
     plain step); ``probe_every`` / ``probe_k``: a probe round of ``probe_k`` after that many plain steps;
     ``tree_budgets``: the node counts tried for proposers sized by nodes; ``free_k_max``: the longest proposal
     of a model-free proposer (default 2 × ``k_max``: it costs only verified rows). ``latency_budget_ms``: ms
-    per round, None for none.
+    per round, None for none. ``answer_prior``: the expected length of an answer (new tokens) before any
+    answer has been seen, the prior of the use (:data:`~edgespec.engine.presets.ANSWER_PRIORS`: a voice answer
+    is one or two sentences); None: half of what the request allows (:meth:`expected_remaining`).
 
     Raises:
-        ValueError: both ``model_free_alpha0`` and its old name ``lookup_alpha0`` given.
+        ValueError: both ``model_free_alpha0`` and its old name ``lookup_alpha0`` given; ``answer_prior`` not a
+        finite number > 0.
     """
 
     honours_budget = True
@@ -89,7 +93,11 @@ class AdaptiveK(KPolicy):
                  alpha0: float = 0.7, decay: float = 0.8, hysteresis: float = 0.03, probe_every: int = 8,
                  probe_k: int = 2, model_free_alpha0: float | None = None,
                  tree_budgets: tuple[int, ...] = (4, 6, 8, 12), catchup_margin: float = 0.10,
-                 free_k_max: int | None = None, *, lookup_alpha0: float | None = None):
+                 free_k_max: int | None = None, *, lookup_alpha0: float | None = None,
+                 answer_prior: float | None = None):
+        if answer_prior is not None and (isinstance(answer_prior, bool) or not isinstance(answer_prior, (int, float))
+                                         or not math.isfinite(answer_prior) or answer_prior <= 0):
+            raise ValueError(f"answer_prior {answer_prior!r}: a finite number of tokens > 0 expected")
         if lookup_alpha0 is not None:
             if model_free_alpha0 is not None:
                 raise ValueError("give model_free_alpha0 or its old name lookup_alpha0, not both")
@@ -103,7 +111,7 @@ class AdaptiveK(KPolicy):
         self.acceptance = Acceptance(alpha0, 0.7 if model_free_alpha0 is None else model_free_alpha0, decay)
         self.trees = TreeAcceptance(alpha0, tree_budgets)
         self.costs = RoundCosts(cost)
-        self.answer = AnswerLengths()
+        self.answer = AnswerLengths(None if answer_prior is None else float(answer_prior))
         self.memory_path = None  # where end() writes the learned state (for_decoder(memory=...))
 
     # what the estimators hold, under the names this class always had
@@ -165,7 +173,9 @@ class AdaptiveK(KPolicy):
         length itself (an answer that has run n tokens is expected to run about n more: the rule of a
         scale-free length prior, and the break-even rule of rent-or-buy problems). With no answer seen at all,
         the larger of that and half the tokens the request still allows (``horizon``: ``max_new_tokens`` less
-        those out), the mean of a length uniform up to the request's limit.
+        those out), the mean of a length uniform up to the request's limit; or, with an ``answer_prior`` L, the
+        larger of L − n and n (a voice answer of one or two sentences: the draft's prompt catch-up is priced
+        against the few tokens it can serve, and an answer that runs past L is again expected to run n more).
         """
         return self.answer.expected_remaining(horizon)
 

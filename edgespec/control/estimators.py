@@ -36,9 +36,10 @@ def expected_tokens(k: int, alpha: float) -> float:
 class AnswerLengths:
     """The lengths (new tokens) of the last 32 finished answers and the current answer's length so far."""
 
-    def __init__(self):
+    def __init__(self, prior: float | None = None):
         self.lengths: list[int] = []  # newest last
         self.generated = 0
+        self.prior = prior  # expected answer length (tokens) before any answer is seen; None: the request's limit
 
     def begin(self) -> None:
         """A new answer starts."""
@@ -52,6 +53,8 @@ class AnswerLengths:
         """Expected new tokens still to come in this answer, at most ``horizon`` (see
         :meth:`~edgespec.control.adaptive.AdaptiveK.expected_remaining`)."""
         n = self.generated
+        if not self.lengths and self.prior is not None:  # no answer seen: the use's prior length, then n more
+            return max(1.0, min(max(self.prior - n, float(n)), float(horizon)))
         if not self.lengths:  # no answer seen: also the request's own limit (uniform length up to it)
             return max(1.0, min(max(float(n), horizon / 2), float(horizon)))
         longer = [length - n for length in self.lengths if length > n]

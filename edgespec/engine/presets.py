@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from .generation import DEFAULT_K, GenerationOptions
 
-__all__ = ["DEFAULT_K", "generation_options", "k_policy", "mode_proposers", "proposers"]
+__all__ = ["ANSWER_PRIORS", "DEFAULT_K", "generation_options", "k_policy", "mode_proposers", "proposers"]
+
+#: The expected answer length (new tokens) of a use before its controller has seen an answer (its
+#: ``answer_prior``). Voice: the voice system prompt asks for one or two short spoken sentences; the bench's voice
+#: prompts answered in 12–20 tokens in every recorded run (``bench/results/peers-*.json``), so a cold controller
+#: that priced the draft's ~45-token prompt catch-up against half of ``max_new_tokens`` (64) started the draft on
+#: answers it could not pay back in (0.80–0.89× of plain, docs/benchmarks.md, session 9). Other uses: None (half of
+#: what the request allows).
+ANSWER_PRIORS: dict[str, float] = {"voice": 24.0}
 
 
 def proposers(first: tuple[str, ...] = (), draft: bool = True, tree: bool = False,
@@ -23,16 +31,19 @@ def proposers(first: tuple[str, ...] = (), draft: bool = True, tree: bool = Fals
     return tuple(first) + chain
 
 
-def k_policy(decoder, k: int | None, latency_budget_ms: float | None = None, memory: str | None = None):
+def k_policy(decoder, k: int | None, latency_budget_ms: float | None = None, memory: str | None = None,
+             use: str | None = None):
     """The K policy of a mode: None when ``k`` fixes K (the generation options' fixed K), else an adaptive
     controller (:class:`~edgespec.control.adaptive.AdaptiveK`) calibrated on ``decoder``, with the latency budget
-    ``latency_budget_ms`` (ms per round, None: none) and the controller memory ``memory`` (a use's name, None:
-    start cold, save nothing; see :meth:`~edgespec.control.adaptive.AdaptiveK.for_decoder`)."""
+    ``latency_budget_ms`` (ms per round, None: none), the controller memory ``memory`` (a use's name, None:
+    start cold, save nothing; see :meth:`~edgespec.control.adaptive.AdaptiveK.for_decoder`) and the answer-length
+    prior of ``use`` (default: ``memory``'s; :data:`ANSWER_PRIORS`, e.g. ``"voice"``)."""
     if k is not None:
         return None
     from ..control.adaptive import AdaptiveK
 
-    return AdaptiveK.for_decoder(decoder, latency_budget_ms=latency_budget_ms, memory=memory)
+    prior = ANSWER_PRIORS.get(use if use is not None else memory or "")
+    return AdaptiveK.for_decoder(decoder, latency_budget_ms=latency_budget_ms, memory=memory, answer_prior=prior)
 
 
 def mode_proposers(mode: str = "spec", lookup: bool = True, suffix: bool = False, tree: bool = False,

@@ -98,12 +98,13 @@ def _check_out(path: str | None) -> None:
 
 def _policy(a, decoder):
     """The fixed K of ``--k`` (an int), else an adaptive controller within ``--latency-budget-ms``
-    (:func:`~edgespec.engine.presets.k_policy`; no controller memory: each voice session starts cold)."""
+    (:func:`~edgespec.engine.presets.k_policy`; no controller memory: each voice session starts cold, with the
+    voice use's answer-length prior)."""
     if a.k is not None:
         return a.k
     from ..engine.presets import k_policy
 
-    return k_policy(decoder, None, a.latency_budget_ms)
+    return k_policy(decoder, None, a.latency_budget_ms, use="voice")
 
 
 def run_voice(a, export_dir) -> int:
