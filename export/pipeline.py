@@ -48,6 +48,7 @@ from .sources import Source, resolve_model, resolve_recipe_model
 # GRAPH_REVISIONS changes a format's graphs without a new format (the runtime reads both revisions): it is
 # part of the key when present, so graphs of the formats it does not name keep their keys.
 GRAPH_FORMATS = (2, 3, 4)  # 4: format 3 with grouped attention over per-KV-head buffers (export/grouped_graph.py)
+KV_INT8_REVISION = 1  # export/kv_int8.py's rewrite, in the graph cache key of --kv-int8 graphs
 GRAPH_REVISIONS = {3: 2}  # format 3, revision 2: the token embedding quantized (GatherBlockQuantized)
 EMBEDDING_BITS = {"int4": 8, "int8": 8}  # format 3 from revision 2: embedding table bits per graph precision
 DEFAULT_GRAPH_FORMAT = 3  # where the model allows it (gqa_graph.format3_problem); format 2 stays loadable
@@ -65,6 +66,7 @@ class ExportOptions:
     vocab_size: int | None = None  # prune the lm_head to this many frequent ids (FR-Spec; draft only)
     graph_format: int | None = None  # None: DEFAULT_GRAPH_FORMAT where both models allow it, else 2
     prefill_int8: bool = False  # also write the int8 prefill graph (export/prefill_graph.py; int4 only)
+    kv_int8: bool = False  # an int8 KV cache read and written by GroupQueryAttention (export/kv_int8.py; format 3)
 
     def __post_init__(self):
         if self.graph_format is not None and self.graph_format not in GRAPH_FORMATS:
@@ -81,6 +83,8 @@ class ExportOptions:
         if self.prefill_int8 and self.precision != "int4":
             raise EdgespecError(f"an int8 prefill graph needs int4 weights, not {self.precision} "
                                 "(its int8 weights are made from the int4 blocks)")
+        if self.kv_int8 and self.graph_format not in (None, 3):
+            raise EdgespecError(f"an int8 KV cache needs graph format 3, not {self.graph_format}")
         if self.vocab_size is not None and self.vocab_size < 256:
             raise EdgespecError(f"a pruned draft vocabulary needs at least 256 ids, not {self.vocab_size}")
 
@@ -131,6 +135,10 @@ def _cache_key(source: Source, opts: ExportOptions) -> str:
         from .prefill_graph import REVISION, REVISIONS
 
         o["prefill_int8"] = REVISIONS.get(opts.graph_format, REVISION)
+    if not o["kv_int8"]:  # the same
+        del o["kv_int8"]
+    else:
+        o["kv_int8"] = KV_INT8_REVISION
     graph = o.pop("graph_format")
     key = {"sha": source.sha256, "opts": o, "graph": graph}
     if graph in GRAPH_REVISIONS:
@@ -205,6 +213,9 @@ def build_graph(info: ModelInfo, opts: ExportOptions, role: str, cache: Path | N
     """
     if opts.graph_format is None:
         opts = replace(opts, graph_format=_default_format((info,))[0])
+    if opts.kv_int8 and opts.graph_format != 3:
+        raise EdgespecError(f"{role}: an int8 KV cache needs graph format 3; this model gets format "
+                            f"{opts.graph_format}")
     cache = cache or paths.home() / "graphs"
     try:
         cache.mkdir(parents=True, exist_ok=True)
@@ -279,6 +290,22 @@ def _build(info: ModelInfo, opts: ExportOptions, role: str, final: Path) -> tupl
                                                                      kept),
                                        "vs_graph": validate_quantized(out, tmp / PREFILL_NAME, ids, layers, kv,
                                                                       hd)}
+            if opts.kv_int8:
+                from .kv_int8 import calibrate, calibration_ids, rewrite
+                from .validate import validate_kv_cache
+
+                bar.set_description(f"{role}: int8 KV cache")
+                context = int(getattr(info.config, "max_position_embeddings", 4096))
+                calib = calibration_ids(info.tokenizer, ids, info.logits_width if kept is None else len(kept),
+                                        n=max(0, min(768, context - len(ids) - 16)))
+                scales = calibrate(out, calib, layers, kv, hd)
+                plain = tmp / "float32-kv.onnx"  # the same graph with a float32 cache, reading the same data file
+                shutil.copy2(out, plain)
+                rewrite(out, scales)
+                if opts.prefill_int8:
+                    rewrite(tmp / PREFILL_NAME, scales)
+                val["kv_int8"] = validate_kv_cache(plain, out, ids, layers, kv, hd)
+                plain.unlink()
             for f in {fp32, ref}:
                 f.unlink()
                 f.with_name(f.name + ".data").unlink()
@@ -294,7 +321,7 @@ def _build(info: ModelInfo, opts: ExportOptions, role: str, final: Path) -> tupl
             source=info.source.ref, source_sha256=info.source.sha256, input_names=tuple(ins),
             output_names=tuple(outs), validation=val,
             kept_token_ids="kept_token_ids.npy" if kept is not None else None, graph_format=opts.graph_format,
-            prefill_path="prefill.onnx" if opts.prefill_int8 else None)
+            prefill_path="prefill.onnx" if opts.prefill_int8 else None, kv_cache="int8" if opts.kv_int8 else "float32")
         meta = {
             **asdict(spec),
             "build_seconds": round(time.perf_counter() - t0, 1),

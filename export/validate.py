@@ -47,10 +47,12 @@ def _lm(sess: ort.InferenceSession, layers: int, kv: int, head_dim: int, context
     from edgespec.io.manifest import GraphSpec, Quantization
     from edgespec.io.onnx_model import OnnxLM
 
-    fmt = int(sess.get_modelmeta().custom_metadata_map.get("edgespec.graph_format", 2))
+    meta = sess.get_modelmeta().custom_metadata_map
+    fmt = int(meta.get("edgespec.graph_format", 2))
     spec = GraphSpec(path="", architecture="", num_layers=layers, num_kv_heads=kv, head_dim=head_dim,
                      vocab_size=1, context_length=context, quantization=Quantization("fp32"), source="",
-                     source_sha256="", input_names=(), output_names=(), graph_format=fmt)
+                     source_sha256="", input_names=(), output_names=(), graph_format=fmt,
+                     kv_cache=meta.get("edgespec.kv_cache", "float32"))
     return OnnxLM.from_session(spec, sess)
 
 
@@ -119,3 +121,17 @@ def validate_quantized(fp32_path: Path, q_path: Path, ids: np.ndarray, layers: i
     if kept is not None:
         out["target_top1_in_kept"] = float(np.isin(ref.argmax(-1), kept).mean())
     return out
+
+
+def validate_kv_cache(plain_path: Path, q_path: Path, ids: np.ndarray, layers: int, kv: int, head_dim: int,
+                      chunk: int = 32) -> dict:
+    """Greedy top-1 agreement and max |Δ logit| of the int8-KV-cache graph ``q_path`` against the same graph
+    with a float32 cache ``plain_path``, over ``ids`` fed in chunks of ``chunk`` rows (each reads the cache the
+    chunks before it wrote)."""
+    rows = []
+    for path in (plain_path, q_path):
+        lm = _lm(session(path), layers, kv, head_dim, len(ids) + 16)
+        cache = lm.new_cache(len(ids) + 16)
+        rows.append(np.concatenate([lm.forward(ids[i:i + chunk], cache) for i in range(0, len(ids), chunk)]))
+    return {"positions": int(len(ids)), "greedy_agreement": float((rows[0].argmax(-1) == rows[1].argmax(-1)).mean()),
+            "max_abs_logit_error": float(np.abs(rows[0] - rows[1]).max())}

@@ -108,7 +108,11 @@ def check_graph(session, spec: GraphSpec, role: str, path: Path, feeds: list[str
         raise EdgespecError(f"{where}'s {kind} names differ from {role}.{kind}_names in the manifest ({odd!r})")
     if inputs["input_ids"].type != "tensor(int64)":
         raise EdgespecError(f"{where} takes input_ids as {inputs['input_ids'].type}, not int64")
+    want_type = f"tensor({getattr(spec, 'kv_cache', 'float32').replace('float32', 'float')})"
     for name in feeds:
+        if inputs[name].type != want_type:
+            raise EdgespecError(f"{where} takes {name} as {inputs[name].type}, the manifest says {role}.kv_cache "
+                                f"{getattr(spec, 'kv_cache', 'float32')} (export again)")
         shape = inputs[name].shape
         for axis, what, want in ((1, "num_kv_heads", spec.num_kv_heads), (3, "head_dim", spec.head_dim)):
             axis = {4: axis, 2: 1 if axis == 3 else None}.get(len(shape))  # format 4: (W, head_dim) per KV head

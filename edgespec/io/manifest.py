@@ -20,6 +20,7 @@ from ..errors import EdgespecError
 MANIFEST_NAME = "edgespec.json"
 FORMAT_VERSION = 1
 GRAPH_FORMAT = 4  # newest graph format this runtime reads (GraphSpec.graph_format)
+KV_CACHE_TYPES = ("float32", "int8")  # GraphSpec.kv_cache
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,11 @@ class GraphSpec:
     (2 · layers, kv_heads, T, head_dim) holds the T new rows (layer i's key at 2i, value at 2i+1), which the
     runtime stores at rows P..P+T-1 (:class:`edgespec.io.grouped_kv.GroupedKVCache`).
 
+    ``kv_cache`` (optional, default ``"float32"``; ``edgespec export --kv-int8``): ``"int8"`` (graph format 3
+    only) makes ``past_key_values.{i}.*`` and ``present.{i}.*`` int8 buffers of the same shapes, which
+    ``GroupQueryAttention`` reads and writes natively (``k_quant_type``/``v_quant_type`` PER_CHANNEL,
+    ``kv_cache_bit_width`` 8) with static per-channel scales stored in the graph (``export/kv_int8.py``).
+
     ``prefill_path`` (optional, ``edgespec export --prefill-int8``): a second graph with the same inputs,
     outputs and cache contract whose layer matmuls are int8 (``export/prefill_graph.py``), in ``path``'s
     directory (it reads their shared tensors from that directory's data file); the runtime runs prompt chunks
@@ -88,6 +94,7 @@ class GraphSpec:
     graph_format: int = 2  # 1–2: traced graph, KV concatenated per step; 3: shared KV buffer, fused attention;
     # 4: per-KV-head shared buffers, grouped attention in plain ops
     prefill_path: str | None = None  # the same graph with int8 layer matmuls, for prompt chunks (export/prefill_graph.py)
+    kv_cache: str = "float32"  # the KV cache's element type: "float32", or "int8" (format 3, export/kv_int8.py)
 
     def past_names(self) -> list[tuple[str, str]]:
         """``[(key_name, value_name)]`` per layer, in layer order."""
@@ -192,7 +199,7 @@ _GRAPH = {"path": ("str", True), "architecture": ("str", True), "num_layers": ("
           "context_length": ("pos", True), "quantization": ("object", True), "source": ("str", True),
           "source_sha256": ("str", True), "input_names": ("names", True), "output_names": ("names", True),
           "validation": ("object", False), "kept_token_ids": ("str?", False), "graph_format": ("pos", False),
-          "prefill_path": ("str?", False)}
+          "prefill_path": ("str?", False), "kv_cache": ("str", False)}
 _SPECIAL = {"bos": ("token?", True), "eos": ("token", True), "pad": ("token?", True), "stop": ("tokens", True)}
 _MANIFEST = {"name": ("str", True), "target": ("object", True), "draft": ("object", True), "tokenizer": ("str", True),
              "chat_template": ("str?", True), "special_tokens": ("object", True), "tokenizer_sha256": ("str", True),
@@ -233,6 +240,10 @@ def _graph(d: Any, role: str) -> GraphSpec:
         # it reads the graph's shared tensors from the graph's own data file, by a path relative to itself
         raise _Invalid(f"{role}.prefill_path must name a graph beside {role}.path ({_show(d['path'])}), "
                        f"got {_show(pre)}")
+    if d.get("kv_cache", "float32") not in KV_CACHE_TYPES:
+        raise _Invalid(f"{role}.kv_cache must be one of {', '.join(KV_CACHE_TYPES)}, got {_show(d['kv_cache'])}")
+    if d.get("kv_cache", "float32") == "int8" and d.get("graph_format", 2) != 3:
+        raise _Invalid(f"{role}.kv_cache int8 needs graph format 3, not {d.get('graph_format', 2)}")
     d["quantization"] = Quantization(**_fields(d["quantization"], f"{role}.quantization", _QUANTIZATION))
     d["input_names"] = tuple(d["input_names"])
     d["output_names"] = tuple(d["output_names"])

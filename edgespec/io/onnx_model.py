@@ -158,7 +158,8 @@ class KVCache:
 
 
 class InPlaceKVCache(PreallocatedKV):
-    """Graph format 3: one preallocated buffer per layer and kind, float32 (1, kv_heads, capacity, head_dim),
+    """Graph format 3: one preallocated buffer per layer and kind, float32 (1, kv_heads, capacity, head_dim) (int8
+    with ``dtype`` for an export whose ``kv_cache`` is int8),
     that is both the graph's past and its present (formerly ``SharedKVCache``, still importable by that name).
 
     The graph reads the past from and writes the new rows into the same buffer (bound through IO binding to
@@ -167,15 +168,17 @@ class InPlaceKVCache(PreallocatedKV):
     read. The buffer grows by doubling (one copy) when a step would pass ``capacity``, up to ``max_length``.
     """
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int, max_length: int):
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int, max_length: int,
+                 dtype=np.float32):
         self.max_length = max_length
         self.length = 0
         self._shape = (1, num_kv_heads, head_dim)
+        self.dtype = np.dtype(dtype)  # float32, or int8 (GraphSpec.kv_cache: the graph quantizes what it writes)
         self._alloc(min(capacity, max_length), 2 * num_layers)
 
     def _alloc(self, capacity: int, n: int, old: list[np.ndarray] | None = None) -> None:
         b, kv, hd = self._shape
-        self.buffers = anonymous_zeros(n, (b, kv, capacity, hd))  # resident as rows are written
+        self.buffers = anonymous_zeros(n, (b, kv, capacity, hd), self.dtype)  # resident as rows are written
         if old is not None:
             for new, prev in zip(self.buffers, old):
                 new[:, :, :self.length] = prev[:, :, :self.length]
@@ -400,7 +403,8 @@ class OnnxLM:
                                   capacity or CACHE_CAPACITY, self.spec.context_length)
         if self.in_place:
             return InPlaceKVCache(self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim,
-                                 capacity or CACHE_CAPACITY, self.spec.context_length)
+                                 capacity or CACHE_CAPACITY, self.spec.context_length,
+                                 np.int8 if self.spec.kv_cache == "int8" else np.float32)
         return KVCache(self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim)
 
     def forward(self, ids, cache: KVCache | InPlaceKVCache, position_ids: np.ndarray | None = None,
