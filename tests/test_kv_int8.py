@@ -88,7 +88,7 @@ def test_rollback_and_a_tree_path_move_int8_rows_and_decode_as_a_fresh_cache(exp
 
 def test_plain_and_speculative_greedy_stay_identical_with_the_int8_cache(exports):
     dec = SpecDecoder.load(exports["int8"])
-    for proposers in (("draft",), ("lookup", "draft")):
+    for proposers in (("draft",), ("lookup", "draft"), ("tree",)):  # a tree verifies under attention_bias
         r = greedy_check(dec, IDS[:24], 24, k=3, proposers=proposers)
         assert r["identical"], r
 
@@ -135,3 +135,36 @@ def test_the_graph_cache_key_tells_the_kv_caches_apart():
     assert keys[False] != keys[True]
     # a float32 cache keeps the key it had before the option existed (cached graphs stay valid)
     assert keys[False] == _cache_key(src, ExportOptions(precision="int4", graph_format=3))
+
+
+def test_the_int8_export_is_derived_from_the_cached_float32_graphs(exports):
+    """With the float32-cache graph of the same weights and options in the graph cache (the fixture exported it
+    first), ``--kv-int8`` rewrites its graphs instead of exporting again: the weights are the same file."""
+    for role in ("target", "draft"):
+        a = exports["float32"] / role / "model.onnx.data"
+        b = exports["int8"] / role / "model.onnx.data"
+        assert a.stat().st_ino == b.stat().st_ino
+        assert (exports["float32"] / role / "model.onnx").stat().st_ino != (exports["int8"] / role / "model.onnx").stat().st_ino
+
+
+def test_built_from_the_weights_with_a_prefill_graph_both_graphs_read_the_int8_cache(home, tiny_dirs, tmp_path, capfd):
+    """No float32 graph cached for these options (block 16): the exporter builds, calibrates and rewrites both the
+    graph and the int8 prefill graph; long prompt chunks run on the prefill graph over the same int8 cache, and
+    plain and speculative greedy stay identical."""
+    from edgespec.export import ExportOptions, export_pair
+
+    t = ExportOptions(precision="int4", block_size=16, graph_format=3, kv_int8=True, prefill_int8=True)
+    d_opts = ExportOptions(precision="int4", block_size=16, graph_format=3, kv_int8=True)
+    d = export_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), tmp_path / "p", t, d_opts)
+    assert "from the cached graph" not in capfd.readouterr().err
+    m = load_manifest(d)
+    lm = om.OnnxLM(m.target, d)
+    assert m.target.kv_cache == "int8" and lm.prefill_session is not None
+    for s in (lm.session, lm.prefill_session):
+        assert {i.type for i in s.get_inputs() if i.name.startswith("past_key_values.")} == {"tensor(int8)"}
+    cache = lm.new_cache()
+    lm.forward(IDS[:om.PREFILL_GRAPH_ROWS + 8], cache, prefill=True)
+    row = lm.forward([IDS[100]], cache)
+    assert cache.length == om.PREFILL_GRAPH_ROWS + 9 and np.isfinite(row).all()
+    r = greedy_check(SpecDecoder.load(d), IDS[:24], 24, k=3, proposers=("draft",))
+    assert r["identical"], r

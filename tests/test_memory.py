@@ -288,7 +288,7 @@ def test_cached_format3_graphs_of_the_fp32_embedding_are_rebuilt_format2_kept():
 
     def old_key(opts):
         o = asdict(opts)
-        del o["vocab_size"], o["prefill_int8"]  # the key before those options existed
+        del o["vocab_size"], o["prefill_int8"], o["kv_int8"]  # the key before those options existed
         graph = o.pop("graph_format")
         blob = json.dumps({"sha": src.sha256, "opts": o, "graph": graph}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
