@@ -2,7 +2,8 @@
 
 Opt-in (``pytest --android-core``; CI runs it after ``npm ci`` in android_demo/core and android_demo/app):
 - writes test vectors with ``android_demo/core/scripts/make_vectors.py`` for the tiny pair in graph formats 2,
-  3 and 4 and the tiny self-pair (draft == target), then runs ``npm test`` on them; with ``--real-pair`` also on
+  3 and 4, in format 3 with an int8 KV cache (``kv_int8``), and the tiny self-pair (draft == target), then runs
+  ``npm test`` on them; with ``--real-pair`` also on
   the real default pair in the user cache;
 - bundles the app with Metro (``react-native bundle``) and compiles the bundle with the ``hermesc`` that the
   ``react-native`` package ships, failing on any error;
@@ -71,12 +72,22 @@ def _vectors(make, pairs, out_dir: Path) -> list[Path]:
     return vectors
 
 
+def _int8_kv_pair(tmp_path_factory, tiny_dirs) -> Path:
+    """The tiny pair in graph format 3, fp32 weights, with an int8 KV cache (as tests/test_kv_int8.py's)."""
+    from edgespec.export import ExportOptions, export_pair
+
+    o = ExportOptions(precision="fp32", graph_format=3, kv_int8=True)
+    out = tmp_path_factory.mktemp("exports") / "core3int8"
+    return export_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), out, o, o)
+
+
 @pytest.fixture(scope="module")
 def tiny_vectors(home, tiny_dirs, tiny_self_export, tiny_fim_export, tmp_path_factory):
     from conftest import _pair
 
     pairs = [("pair2", _pair(tmp_path_factory, tiny_dirs, "core2", "draft", 2), 2000),
              ("pair3", _pair(tmp_path_factory, tiny_dirs, "core3", "draft", 3), 1000),
+             ("pair3int8", _int8_kv_pair(tmp_path_factory, tiny_dirs), 1000),
              ("pair4", _pair(tmp_path_factory, tiny_dirs, "core4", "draft", 4), 1000),
              ("self", tiny_self_export, 500),  # the self-pair's sampling check is mostly about full acceptance
              ("fim", tiny_fim_export, 300)]  # its tokenizer has the FIM tokens (special) and tool-call tokens

@@ -16,8 +16,14 @@
  *   while it covers the past (`window`), as the Python runtime binds it; its rows past P are masked off.
  * In formats 3 and 4 a crop is a length change (a tree's scattered path moves only its rows), and the buffer
  * grows by doubling (one copy) up to the context length.
+ * An export whose `kv_cache` is int8 (format 3 only) keeps `Int8Array` buffers of the same shapes (`dtype`): the
+ * graph quantizes the rows it writes, and crops, row moves and growth copy its bytes as they are.
  */
 import { EdgespecError } from "./errors.js";
+import type { KvCacheType } from "./manifest.js";
+
+/** One KV buffer: float32, or int8 for an int8 cache (GraphSpec.kv_cache). */
+export type KVArray = Float32Array | Int8Array;
 
 /** Initial positions of a format-3/4 cache buffer (doubles on demand up to the context). */
 export const INITIAL_CAPACITY = 512;
@@ -52,7 +58,7 @@ export function widenMask(mask: Uint8Array, past: number, t: number, window: num
 export class KVCache {
   /** 2·num_layers arrays, [key0, value0, key1, value1, ...], each (1, kv_heads, capacity, head_dim); in
    * format 4 views of `block`. */
-  tensors: Float32Array[];
+  tensors: KVArray[];
   /** Format 4: every layer's buffer, float32 (2 · layers, kv_heads, capacity, head_dim). */
   block: Float32Array = new Float32Array(0);
   length = 0;
@@ -61,10 +67,18 @@ export class KVCache {
    * run and after growth. */
   window: number | null = null;
 
-  /** `graphFormat` (1–4) picks the layout (the module docstring); `maxLength` is the model's context. */
+  /** `graphFormat` (1–4) picks the layout (the module docstring); `maxLength` is the model's context; `dtype`
+   * the buffers' element type (int8: graph format 3 only). Throws EdgespecError: int8 in another format. */
   constructor(readonly numLayers: number, readonly numKvHeads: number, readonly headDim: number,
-    readonly graphFormat = 2, readonly maxLength = Infinity) {
-    this.tensors = Array.from({ length: 2 * numLayers }, () => new Float32Array(0));
+    readonly graphFormat = 2, readonly maxLength = Infinity, readonly dtype: KvCacheType = "float32") {
+    if (dtype === "int8" && graphFormat !== 3)
+      throw new EdgespecError(`an int8 KV cache needs graph format 3, not ${graphFormat}`);
+    this.tensors = Array.from({ length: 2 * numLayers }, () => this.alloc(0));
+  }
+
+  /** A zeroed buffer of `n` elements of `dtype`. */
+  private alloc(n: number): KVArray {
+    return this.dtype === "int8" ? new Int8Array(n) : new Float32Array(n);
   }
 
   /** Formats 3–4: past and new rows live in preallocated buffers; a crop is a length change. */
@@ -83,7 +97,7 @@ export class KVCache {
   }
 
   /** Formats 1–2: replace the contents with a graph's present outputs of `length` positions. */
-  set(tensors: Float32Array[], length: number): void {
+  set(tensors: KVArray[], length: number): void {
     this.tensors = tensors;
     this.length = this.capacity = length;
   }
@@ -165,10 +179,11 @@ export class KVCache {
     this.length = p + t;
   }
 
-  /** Rows 0..rows-1 of each of the `heads` heads of `t` (capacity `from`) into a new buffer of capacity `to`. */
-  private copyRows(t: Float32Array, heads: number, from: number, to: number, rows: number): Float32Array {
+  /** Rows 0..rows-1 of each of the `heads` heads of `t` (capacity `from`) into a new buffer of capacity `to`,
+   * of `t`'s element type. */
+  private copyRows<T extends KVArray>(t: T, heads: number, from: number, to: number, rows: number): T {
     const d = this.headDim;
-    const out = new Float32Array(heads * to * d);
+    const out = (t instanceof Int8Array ? new Int8Array(heads * to * d) : new Float32Array(heads * to * d)) as T;
     for (let i = 0; i < heads; i++) out.set(t.subarray(i * from * d, i * from * d + rows * d), i * to * d);
     return out;
   }

@@ -6,7 +6,8 @@
  * attention; 4 keeps format 3's in-place cache with per-KV-head past inputs and grouped attention in plain ops
  * (export/grouped_graph.py; see kvcache.ts). Anything else is refused with one clear error. A graph's optional
  * `prefill_path` (`edgespec export --prefill-int8`: the same graph with int8 layer matmuls, for prompt chunks) is
- * not loaded: the core prefills on `path`, which gives the same cache contract, and transfers skip it.
+ * not loaded: the core prefills on `path`, which gives the same cache contract, and transfers skip it. A graph's
+ * `kv_cache` (`edgespec export --kv-int8`, graph format 3 only) is the KV buffers' element type, float32 or int8.
  */
 import { EdgespecError } from "./errors.js";
 import { pastNames } from "./kvcache.js";
@@ -16,6 +17,9 @@ export const MANIFEST_NAME = "edgespec.json";
 export const SUPPORTED_FORMATS: readonly number[] = [1];
 /** The newest graph format (GraphSpec.graph_format) this core reads. */
 export const GRAPH_FORMAT = 4;
+/** GraphSpec.kv_cache values: the element type of the KV buffers. */
+export const KV_CACHE_TYPES = ["float32", "int8"] as const;
+export type KvCacheType = (typeof KV_CACHE_TYPES)[number];
 
 /** How a graph's weights were quantized (int4 MatMulNBits, int8 dynamic, or fp32). */
 export interface Quantization {
@@ -55,6 +59,10 @@ export interface GraphSpec {
    * P..W-1 false; the one KV output `present` float32 (2 · layers, kv_heads, T, head_dim) holds the T new rows
    * (layer i's key at 2i, value at 2i+1), which the runtime stores at rows P..P+T-1; `logits_keep` as in 3. */
   readonly graph_format: number;
+  /** The KV buffers' element type (absent: float32). "int8" (graph format 3 only, `edgespec export --kv-int8`):
+   * `past_key_values.{i}.*` and `present.{i}.*` are int8 of the same shapes, which GroupQueryAttention quantizes
+   * (static per-channel scales inside the graph) and reads; the core only allocates and moves int8 rows. */
+  readonly kv_cache: KvCacheType;
 }
 
 /** Token ids; `stop` ends generation. */
@@ -127,7 +135,7 @@ const GRAPH: Record<string, [Kind, boolean]> = {
   path: ["str", true], architecture: ["str", true], num_layers: ["pos", true], num_kv_heads: ["pos", true],
   head_dim: ["pos", true], vocab_size: ["pos", true], context_length: ["pos", true], quantization: ["object", true],
   input_names: ["names", true], output_names: ["names", true], kept_token_ids: ["str?", false],
-  graph_format: ["pos", false], prefill_path: ["str?", false],
+  graph_format: ["pos", false], prefill_path: ["str?", false], kv_cache: ["str", false],
 };
 const QUANT: Record<string, [Kind, boolean]> = {
   precision: ["str", true], block_size: ["pos?", false], accuracy_level: ["nonneg?", false], lm_head_bits: ["pos?", false],
@@ -153,6 +161,11 @@ function graph(d: unknown, role: string): GraphSpec {
   if (g.graph_format > GRAPH_FORMAT)
     throw new EdgespecError(`${role}.graph_format is ${g.graph_format}; this edgespec core reads graph formats up to ` +
       `${GRAPH_FORMAT} (update the app or export again)`);
+  g.kv_cache = g.kv_cache ?? "float32";
+  if (!(KV_CACHE_TYPES as readonly string[]).includes(g.kv_cache))
+    throw new EdgespecError(`${role}.kv_cache must be one of ${KV_CACHE_TYPES.join(", ")}, got ${show(g.kv_cache)}`);
+  if (g.kv_cache === "int8" && g.graph_format !== 3)
+    throw new EdgespecError(`${role}.kv_cache int8 needs graph format 3, not ${g.graph_format}`);
   insideExport(g.path, `${role}.path`);
   if (g.kept_token_ids !== null) insideExport(g.kept_token_ids, `${role}.kept_token_ids`);
   if (g.prefill_path !== null) insideExport(g.prefill_path, `${role}.prefill_path`);

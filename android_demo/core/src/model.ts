@@ -5,9 +5,9 @@
  */
 import { EdgespecError } from "./errors.js";
 import type { ExportFiles } from "./files.js";
-import { KVCache, pastNames, widenMask } from "./kvcache.js";
+import { KVCache, pastNames, widenMask, type KVArray } from "./kvcache.js";
 import type { GraphSpec } from "./manifest.js";
-import { firstLine, openSession, type OrtApi, type SessionLike } from "./ort.js";
+import { firstLine, openSession, type OrtApi, type SessionLike, type ValueMetadata } from "./ort.js";
 
 /** Logits float32 (rows, vocab), row-major. */
 export class Logits {
@@ -60,8 +60,6 @@ export interface ForwardOptions {
   mask?: Uint8Array;
 }
 
-type Metadata = { name: string; isTensor?: boolean; shape?: ReadonlyArray<number | string> };
-
 export class OnnxLM {
   /** The KV input names in cache order (format 4: per KV head). */
   private readonly pastNames: string[];
@@ -78,7 +76,8 @@ export class OnnxLM {
   /**
    * Open `spec`'s graph from `files` on `provider` (CPU fallback). Throws EdgespecError: the graph file is
    * missing, onnxruntime cannot load it, or its inputs/outputs are not the manifest's (names; and where the
-   * runtime reports them, the KV heads, head size and vocabulary of their shapes).
+   * runtime reports them, the past inputs' element type (`kv_cache`) and the KV heads, head size and vocabulary
+   * of their shapes).
    */
   static async load(ort: OrtApi, files: ExportFiles, spec: GraphSpec, role: string, provider = "cpu",
     threads?: number): Promise<OnnxLM> {
@@ -108,7 +107,7 @@ export class OnnxLM {
 
   newCache(): KVCache {
     return new KVCache(this.spec.num_layers, this.spec.num_kv_heads, this.spec.head_dim, this.spec.graph_format,
-      this.spec.context_length);
+      this.spec.context_length, this.spec.kv_cache);
   }
 
   /**
@@ -150,7 +149,7 @@ export class OnnxLM {
     } else {
       const dims = cache.dims();
       this.pastNames.forEach((name, i) => {
-        feeds[name] = new Tensor("float32", cache.tensors[i], dims);
+        feeds[name] = new Tensor(cache.dtype, cache.tensors[i], dims);
         // format 3: the present is the same buffer (a pre-allocated output); runtimes that ignore it return a copy
         fetches[this.presentNames[i]] = this.inPlace ? feeds[name] : null;
       });
@@ -163,9 +162,9 @@ export class OnnxLM {
     }
     if (cache.grouped) cache.store(out.present.data as Float32Array, t); // (2 · layers, kv, T, D): one copy
     else if (this.inPlace) {
-      this.presentNames.forEach((n, i) => { if (out[n].data !== cache.tensors[i]) cache.tensors[i] = out[n].data as Float32Array; });
+      this.presentNames.forEach((n, i) => { if (out[n].data !== cache.tensors[i]) cache.tensors[i] = out[n].data as KVArray; });
       cache.length = p + t;
-    } else cache.set(this.presentNames.map((n) => out[n].data as Float32Array), p + t);
+    } else cache.set(this.presentNames.map((n) => out[n].data as KVArray), p + t);
     const logits = out.logits;
     const vocab = logits.dims[2];
     const data = logits.data as Float32Array;
@@ -176,15 +175,20 @@ export class OnnxLM {
 }
 
 /**
- * The KV and logits shapes the session reports (where its runtime reports them) against the manifest, as
- * edgespec/io/integrity.py's check_graph: past float32 (1, kv_heads, P, head_dim), or in format 4 (W, head_dim)
- * per KV head; format 4's `present` (2 · layers, kv_heads, T, head_dim); logits (1, T, vocab_size). Symbolic
- * dimensions are not compared. Throws EdgespecError naming the first mismatch.
+ * The KV and logits types and shapes the session reports (where its runtime reports them) against the manifest,
+ * as edgespec/io/integrity.py's check_graph: past of the manifest's `kv_cache` type (float32 or int8)
+ * (1, kv_heads, P, head_dim), or in format 4 float32 (W, head_dim) per KV head; format 4's `present`
+ * (2 · layers, kv_heads, T, head_dim); logits (1, T, vocab_size). Symbolic dimensions are not compared.
+ * Throws EdgespecError naming the first mismatch.
  */
 function checkShapes(session: SessionLike, spec: GraphSpec, where: string): void {
-  const meta = (list: readonly Metadata[] | undefined) => new Map((list ?? []).map((m) => [m.name, m.shape ?? []]));
+  const meta = (list: readonly ValueMetadata[] | undefined) => new Map((list ?? []).map((m) => [m.name, m.shape ?? []]));
   const ins = meta(session.inputMetadata), outs = meta(session.outputMetadata);
   const fmt = spec.graph_format;
+  for (const m of session.inputMetadata ?? [])
+    if (m.name.startsWith("past_key_values.") && m.type !== undefined && m.type !== spec.kv_cache)
+      throw new EdgespecError(`${where} (it takes ${m.name} as ${m.type}, the manifest's kv_cache is ${spec.kv_cache}; ` +
+        "export again)");
   const axes: [string, ReadonlyArray<number | string> | undefined, [number, string, number][]][] = [];
   for (const name of pastNames(spec.num_layers, spec.num_kv_heads, fmt))
     axes.push([name, ins.get(name), fmt === 4 ? [[1, "head_dim", spec.head_dim]]

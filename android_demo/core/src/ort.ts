@@ -5,8 +5,8 @@
  */
 import { EdgespecError } from "./errors.js";
 
-export type TensorType = "float32" | "int64" | "bool";
-export type TensorData = Float32Array | BigInt64Array | Uint8Array;
+export type TensorType = "float32" | "int8" | "int64" | "bool";
+export type TensorData = Float32Array | Int8Array | BigInt64Array | Uint8Array;
 
 /** An onnxruntime Tensor: `data` is a typed array of `dims` (row-major). */
 export interface TensorLike {
@@ -15,14 +15,17 @@ export interface TensorLike {
   readonly data: unknown;
 }
 
+/** An input's or output's metadata: tensors have an element `type` ("float32", "int8", ...) and a shape. */
+export type ValueMetadata = { name: string; isTensor?: boolean; type?: string; shape?: ReadonlyArray<number | string> };
+
 /** An onnxruntime InferenceSession. */
 export interface SessionLike {
   readonly inputNames: readonly string[];
   readonly outputNames: readonly string[];
   /** Inputs' and outputs' names and (tensors) shapes, dimensions a number or a symbol; absent where the
    * runtime does not report them (onnxruntime-common < 1.22). */
-  readonly inputMetadata?: readonly { name: string; isTensor?: boolean; shape?: ReadonlyArray<number | string> }[];
-  readonly outputMetadata?: readonly { name: string; isTensor?: boolean; shape?: ReadonlyArray<number | string> }[];
+  readonly inputMetadata?: readonly ValueMetadata[];
+  readonly outputMetadata?: readonly ValueMetadata[];
   /** `fetches`: output names → null, or a Tensor to write that output into (a pre-allocated output). */
   run(feeds: Record<string, TensorLike>, fetches?: Record<string, TensorLike | null>): Promise<Record<string, TensorLike>>;
   release?(): Promise<void>;

@@ -2,7 +2,8 @@
  * Tier (e): bad input rejects with one clear EdgespecError, never a native crash: a missing or corrupt
  * graph, a manifest of another format version, an empty prompt, a prompt over the context, bad options.
  * Runs on the first export under 100 MB among the vectors (each case edits a copy of it in a temporary directory),
- * and the graph-format-4 cases on the first such export of graph format 4.
+ * the graph-format-4 cases on the first such export of graph format 4, and the kv_cache cases on every tiny
+ * export of graph format 3 (float32 and int8 caches).
  */
 import assert from "node:assert/strict";
 import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
@@ -16,9 +17,10 @@ import { loadVectors, NO_VECTORS } from "./vectors.js";
 
 const vectors = loadVectors();
 const tiny = vectors.filter((v) => v.export_bytes < 100e6).slice(0, 1);
-const graphFormat = (dir: string) =>
-  (JSON.parse(readFileSync(path.join(dir, "edgespec.json"), "utf8")).target.graph_format as number | undefined) ?? 2;
+const target = (dir: string) => JSON.parse(readFileSync(path.join(dir, "edgespec.json"), "utf8")).target;
+const graphFormat = (dir: string) => (target(dir).graph_format as number | undefined) ?? 2;
 const tiny4 = vectors.filter((v) => v.export_bytes < 100e6 && graphFormat(v.export_dir) === 4).slice(0, 1);
+const tiny3 = vectors.filter((v) => v.export_bytes < 100e6 && graphFormat(v.export_dir) === 3);
 if (!vectors.length) test("bad input", { skip: NO_VECTORS }, () => {});
 
 /** A copy of `exportDir` edited in a temporary directory, and the check that loading one rejects with one line. */
@@ -160,6 +162,32 @@ for (const v of tiny4) {
       await rejects(editTarget("headdim", (g) => { g.head_dim *= 2; }),
         /past_key_values\.0\.key\.0 has \d+ where the manifest's head_dim is \d+/);
       await rejects(editTarget("vocab", (g) => { g.vocab_size += 1; }), /logits has \d+ where the manifest's vocab_size is \d+/);
+    });
+  });
+}
+
+for (const v of tiny3) {
+  const kv = (target(v.export_dir).kv_cache as string | undefined) ?? "float32";
+  describe(`kv_cache on the graph-format-3 export ${v.export_dir} (${kv})`, () => {
+    const { copy, rejects } = fixtures(v.export_dir);
+    const editTarget = (name: string, f: (g: Record<string, unknown>) => void) => copy(name, (d) => {
+      const p = path.join(d, "edgespec.json");
+      const m = JSON.parse(readFileSync(p, "utf8"));
+      f(m.target);
+      writeFileSync(p, JSON.stringify(m));
+    });
+
+    test("the export loads with buffers of its kv_cache type", async () => {
+      const dec = await loadNodeDecoder(v.export_dir, { loadDraft: false });
+      assert.equal(dec.target.spec.kv_cache, kv);
+      assert.ok(dec.tcache.tensors.every((t) => t instanceof (kv === "int8" ? Int8Array : Float32Array)));
+    });
+
+    test("a manifest whose kv_cache is not the graph's, or not a cache type: one clear error", async () => {
+      const other = kv === "int8" ? "float32" : "int8";
+      await rejects(editTarget("other", (g) => { g.kv_cache = other; }), new RegExp(
+        `the target graph does not match the manifest \\(it takes past_key_values\\.0\\.key as ${kv}, the manifest's kv_cache is ${other}; export again\\)`));
+      await rejects(editTarget("fp8", (g) => { g.kv_cache = "fp8"; }), /target\.kv_cache must be one of float32, int8, got "fp8"/);
     });
   });
 }

@@ -6,7 +6,7 @@ import { checkSettings, DEFAULT_SETTINGS, parseCostModel } from "../src/chat.js"
 import { exponential, followChoices, GumbelCoupling, positionKey, uniformNumerator } from "../src/coupling.js";
 import { EdgespecError } from "../src/errors.js";
 import { compareRows, top2 } from "../src/evaluate.js";
-import { KVCache, pastNames, WINDOW, widenMask } from "../src/kvcache.js";
+import { KVCache, pastNames, WINDOW, widenMask, type KVArray } from "../src/kvcache.js";
 import { parseManifest } from "../src/manifest.js";
 import { causalMask, treeFeeds } from "../src/model.js";
 import { readNpyInt64 } from "../src/npy.js";
@@ -126,7 +126,7 @@ test("KVCache scattered crop (a tree's accepted path): only those rows move, in 
     }
     c.crop(2, [3, 5]);
     assert.equal(c.length, 4, `format ${fmt}`);
-    const got = (t: Float32Array) => [0, 1].flatMap((h) => Array.from(t.subarray(h * c.capacity, h * c.capacity + 4)));
+    const got = (t: KVArray) => [0, 1].flatMap((h) => Array.from(t.subarray(h * c.capacity, h * c.capacity + 4)));
     for (const t of c.tensors) assert.deepEqual(got(t), [0, 1, 3, 5, 10, 11, 13, 15], `format ${fmt}`);
     c.crop(3, [3]); // contiguous: a length change (formats 3–4) or a prefix (2)
     assert.equal(c.length, 4);
@@ -224,6 +224,49 @@ test("manifest: format 1 reads; other formats, bad JSON and bad fields give one 
   assert.throws(() => parseManifest(manifest({ tokenizer: "../etc/passwd" })), /inside the export directory/);
   assert.throws(() => parseManifest(manifest({ special_tokens: { bos: null, eos: -1, pad: 0, stop: [] } })), /eos must be a token id/);
   assert.throws(() => parseManifest(manifest({ draft: 5 })), /invalid manifest/);
+});
+
+test("manifest: kv_cache is float32 by default, int8 only in graph format 3; a bad value is one clear error", () => {
+  const m = JSON.parse(manifest());
+  assert.equal(parseManifest(JSON.stringify(m)).target.kv_cache, "float32");
+  m.target.graph_format = 3;
+  m.target.kv_cache = "int8";
+  assert.equal(parseManifest(JSON.stringify(m)).target.kv_cache, "int8");
+  assert.equal(parseManifest(JSON.stringify(m)).draft.kv_cache, "float32");
+  const refused = (over: Record<string, unknown>, pattern: RegExp) => assert.throws(
+    () => parseManifest(JSON.stringify({ ...m, draft: { ...m.draft, ...over } })),
+    (e: unknown) => e instanceof EdgespecError && pattern.test(e.message) && !e.message.includes("\n"));
+  refused({ kv_cache: "fp8" }, /edgespec\.json: invalid manifest: draft\.kv_cache must be one of float32, int8, got "fp8"/);
+  refused({ kv_cache: "INT8", graph_format: 3 }, /draft\.kv_cache must be one of float32, int8, got "INT8"/);
+  refused({ kv_cache: 8 }, /draft\.kv_cache must be a string, got 8/);
+  refused({ kv_cache: null }, /draft\.kv_cache must be a string, got null/);
+  refused({ kv_cache: "int8" }, /draft\.kv_cache int8 needs graph format 3, not 2/); // graph_format absent: 2
+  refused({ kv_cache: "int8", graph_format: 4, input_names: ["input_ids", "position_ids", "attention_mask", ...pastNames(1, 2, 4)],
+    output_names: ["logits", "present"] }, /draft\.kv_cache int8 needs graph format 3, not 4/);
+});
+
+test("KVCache int8 (graph format 3): Int8Array buffers whose bytes growth and a tree path's row moves keep", () => {
+  assert.throws(() => new KVCache(1, 2, 2, 4, 100, "int8"), /an int8 KV cache needs graph format 3, not 4/);
+  assert.throws(() => new KVCache(1, 2, 2, 2, 100, "int8"), /needs graph format 3, not 2/);
+  const c = new KVCache(1, 2, 2, 3, 2000, "int8"); // (1, 2 heads, capacity, 2)
+  assert.ok(c.tensors.every((t) => t instanceof Int8Array));
+  c.reserve(6);
+  assert.equal(c.capacity, 512);
+  const at = (h: number, r: number, j: number) => (h * c.capacity + r) * 2 + j;
+  const val = (h: number, r: number, j: number) => (h ? -1 : 1) * (20 * r + j + 100 * h) % 128; // negative bytes too
+  for (const t of c.tensors) for (let h = 0; h < 2; h++) for (let r = 0; r < 6; r++) for (let j = 0; j < 2; j++) t[at(h, r, j)] = val(h, r, j);
+  c.length = 6;
+  c.reserve(600); // doubles, copying the 6 rows
+  assert.equal(c.capacity, 1024);
+  assert.ok(c.tensors.every((t) => t instanceof Int8Array && t.length === 2 * 1024 * 2));
+  c.crop(2, [3, 5]);
+  assert.equal(c.length, 4);
+  const want = [0, 1].flatMap((h) => [0, 1, 3, 5].flatMap((r) => [val(h, r, 0), val(h, r, 1)]));
+  for (const t of c.tensors)
+    assert.deepEqual([0, 1].flatMap((h) => Array.from(t.subarray(at(h, 0, 0), at(h, 4, 0)))), want);
+  assert.ok(want.some((x) => x < 0));
+  c.crop(3);
+  assert.equal(c.length, 3);
 });
 
 test("npy reader: int64 ids; refuses other dtypes", () => {

@@ -5,7 +5,8 @@
  *
  * The stand-in is a checking model, not a mock of outputs: it keeps the token id of every cached position in
  * the KV tensors the core hands it (element [0, 0, pos, 0] of every past/present tensor; graph format 4:
- * element [pos, 0] of every per-KV-head past and [j, h, k, 0] of `present`), reads the prefix
+ * element [pos, 0] of every per-KV-head past and [j, h, k, 0] of `present`; an int8 cache: the id's three bytes
+ * in elements [0, 0, pos, 0..2]), reads the prefix
  * back on each run, and looks up the row recorded for that prefix. So a wrong rollback (a crop of the wrong
  * length, or of only some tensors), a wrong position id or a wrong causal mask shows up as an error or as a
  * prefix that was never recorded, not as a silently plausible token. Rows for unrecorded prefixes are NaN
@@ -17,6 +18,18 @@ import { MANIFEST_NAME, parseManifest, type GraphSpec } from "../../src/manifest
 import { widenMask } from "../../src/kvcache.js";
 import { causalMask } from "../../src/model.js";
 import type { OrtApi, SessionLike, SessionOptionsLike, TensorData, TensorLike, TensorType } from "../../src/ort.js";
+
+/** Write token `id` at element `at` of a KV buffer (an int8 one: its three low bytes at at..at+2). */
+function putId(buf: Float32Array | Int8Array, at: number, id: number): void {
+  if (buf instanceof Int8Array) for (let b = 0; b < 3; b++) buf[at + b] = ((id >> (8 * b)) & 0xff) - 128;
+  else buf[at] = id;
+}
+
+/** The token id `putId` wrote at element `at`. */
+function getId(buf: Float32Array | Int8Array, at: number): number {
+  if (!(buf instanceof Int8Array)) return buf[at];
+  return (buf[at] + 128) | ((buf[at + 1] + 128) << 8) | ((buf[at + 2] + 128) << 16);
+}
 
 /** Prefix (token ids joined by ",") → [ids, values]: the top entries of the logits row that follows it. */
 export type RowTable = Record<string, [number[], number[]]>;
@@ -80,9 +93,12 @@ class ReplaySession implements SessionLike {
       throw new Error(`past dims ${past[0].dims} for ${p} cached positions`);
     // the prefix the core's caches hold, read back from every tensor (they must agree)
     const prefix: number[] = [];
+    const kv = (q: TensorLike) => q.data as Float32Array | Int8Array;
+    if (past.some((q) => q.type !== spec.kv_cache || !(kv(q) instanceof (spec.kv_cache === "int8" ? Int8Array : Float32Array))))
+      throw new Error(`past tensors are not ${spec.kv_cache}`);
     for (let j = 0; j < p; j++) {
-      const x = (past[0].data as Float32Array)[j * dim];
-      for (const q of past) if ((q.data as Float32Array)[j * dim] !== x) throw new Error(`KV tensors disagree at position ${j}`);
+      const x = getId(kv(past[0]), j * dim);
+      for (const q of past) if (getId(kv(q), j * dim) !== x) throw new Error(`KV tensors disagree at position ${j}`);
       prefix.push(x);
     }
     const out: Record<string, TensorLike> = {};
@@ -92,17 +108,17 @@ class ReplaySession implements SessionLike {
       out.present = new ReplayTensor("float32", present, [2 * spec.num_layers, heads, t, dim]);
     } else past.forEach((q, i) => {
       const name = pastNames[i].replace("past_key_values.", "present.");
-      let buf: Float32Array;
+      let buf: Float32Array | Int8Array;
       if (inPlace) {
         const given = fetches?.[name];
         if (!given || given.data !== q.data) throw new Error(`format 3: ${name} is not the past buffer`);
         if (cap < p + t) throw new Error(`format 3: buffer of ${cap} rows for ${p + t} positions`);
-        buf = q.data as Float32Array;
+        buf = kv(q);
       } else {
         buf = new Float32Array(heads * (p + t) * dim);
         for (let h = 0; h < heads; h++) buf.set((q.data as Float32Array).subarray(h * p * dim, (h + 1) * p * dim), h * (p + t) * dim);
       }
-      ids.forEach((id, k) => { buf[(p + k) * dim] = id; });
+      ids.forEach((id, k) => putId(buf, (p + k) * dim, id));
       out[name] = inPlace ? q : new ReplayTensor("float32", buf, [1, heads, p + t, dim]);
     });
     const keep = inPlace ? Number((feeds.logits_keep.data as BigInt64Array)[0]) : 0;
