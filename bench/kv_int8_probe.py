@@ -36,7 +36,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from edgespec.io import onnx_model as om
-from edgespec.io.grouped_kv import WINDOW, GroupedKVCache, past_names, widen_mask
+from edgespec.io.grouped_kv import WINDOW, GroupedKVCache, past_names
 from edgespec.io.manifest import load_manifest
 
 
@@ -172,36 +172,17 @@ class Int8KV(GroupedKVCache):
         io_entry[1] = w
         return w
 
-    def run(self, session, feeds, total, all_rows):
-        past = self.length
-        self.reserve(total)
-        entry = self.bindings.get(id(session))
-        if entry is None:
-            entry = self.bindings[id(session)] = [session.io_binding(), None]
-        io = entry[0]
-        w = self._window(entry, past)
-        feeds = dict(feeds, attention_mask=widen_mask(feeds["attention_mask"], past, w))
-        if "logits_keep" not in feeds and all_rows is not None:
-            feeds["logits_keep"] = all_rows
-        for name, value in feeds.items():
-            io.bind_cpu_input(name, value)
-        io.bind_output("logits", "cpu")
-        io.bind_output("present", "cpu")
-        session.run_with_iobinding(io)
-        logits, present = io.get_outputs()
-        new = present.numpy()  # (2L, kv, T, D)
+    def store(self, new, past, total):
+        """The float32 rows as before, and the quantized kinds' rows int8 (fp16) with their scales."""
         self.block[:, :, past:total] = new
         q = new[self.quant]
         if self.fp16:
             self.qblock[self.quant, :, past:total] = q.astype(np.float16)
-            self.length = total
-            return logits.numpy()
+            return
         s = np.abs(q).max(-1) / 127.0  # (n, kv, T)
         s[s == 0] = 1.0
         self.qblock[self.quant, :, past:total] = np.rint(q / s[..., None]).astype(np.int8)
         self.scales[self.quant, :, past:total] = s
-        self.length = total
-        return logits.numpy()
 
 
 def text_ids(tok_path: Path, n: int, modules=("json.decoder", "argparse", "subprocess")) -> list[int]:

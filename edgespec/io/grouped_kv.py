@@ -110,6 +110,10 @@ class GroupedKVCache(PreallocatedKV):
         io.bind_output("present", "cpu")
         session.run_with_iobinding(io)
         logits, present = io.get_outputs()
-        self.block[:, :, past:total] = present.numpy()  # (2 · layers, kv, T, D): the new rows, one copy
+        self.store(present.numpy(), past, total)
         self.length = total
         return logits.numpy()
+
+    def store(self, present: np.ndarray, past: int, total: int) -> None:
+        """Write the new rows ``present`` float32 (2 · layers, kv, T, D) at rows ``past``..``total``-1 (one copy)."""
+        self.block[:, :, past:total] = present
