@@ -70,8 +70,9 @@ def test_the_cache_is_int8_and_the_logits_stay_close_to_the_float32_cache(export
 
 
 def test_rollback_and_a_tree_path_move_int8_rows_and_decode_as_a_fresh_cache(exports):
-    """Crop to a prefix and a scattered keep (a tree's accepted path) on int8 buffers: continuing gives the
-    same logits as a cache that was fed only the kept tokens."""
+    """Crop to a prefix and a scattered keep (a tree's accepted path) on int8 buffers: the kept prefix is
+    untouched and the moved rows land at n.. (layer 0's V rows, which do not depend on position or context, equal
+    those of a cache fed only the kept tokens)."""
     d = exports["int8"]
     lm = om.OnnxLM(load_manifest(d).target, d)
     a, b = lm.new_cache(), lm.new_cache()

@@ -44,8 +44,8 @@ def add_export_parser(sub) -> None:
                    help="the same for the draft (its prompt catch-up)")
     p.add_argument("--kv-int8", action="store_true",
                    help="keep both models' KV caches in int8 (graph format 3; GroupQueryAttention quantizes and reads "
-                        "them natively): a quarter of the cache memory, and decode after a long context about 1.3x "
-                        "faster (docs/benchmarks.md)")
+                        "them natively): a quarter of the cache memory, decode after a 3,500-token context 1.55x "
+                        "faster, but long prompts prefill at 0.71x (one run, docs/benchmarks.md)")
     p.add_argument("--voice", action="store_true",
                    help="prepare the speech-recognition model of `edgespec voice` (Moonshine) instead of a pair")
 

@@ -58,7 +58,8 @@ def calibration_path(decoder, k_max: int) -> Path:
         str(pool_threads() or os.cpu_count()), f"k{k_max}",
         "lk" if decoder.target.has_logits_keep else "",
         f"g{decoder.target.spec.graph_format}",  # formats 2 and 3 of one pair have different cost curves
-    ])
+    ] + (["kv8"] if "int8" in {getattr(getattr(lm, "spec", None), "kv_cache", "float32")  # an int8 cache
+                                for lm in (decoder.target, getattr(decoder, "draft", None))} else []))  # costs otherwise
     return paths.home() / "calibration" / (key.replace("/", "_") + ".json")
 
 

@@ -43,8 +43,15 @@ class PreallocatedKV:
             self._alloc(min(cap, self.max_length), len(self.buffers), self.buffers)
 
     def load(self, tensors: list[np.ndarray]) -> None:
-        """Replace the contents with ``tensors`` float32 (1, kv_heads, P, head_dim) per layer and kind."""
+        """Replace the contents with ``tensors`` (1, kv_heads, P, head_dim) per layer and kind, of the buffers'
+        dtype (float32, or int8 for an int8 cache).
+
+        Raises:
+            EdgespecError: tensors of another dtype (an int8 cache never takes float32 rows by casting).
+        """
         p = tensors[0].shape[2]
+        if any(t.dtype != buf.dtype for buf, t in zip(self.buffers, tensors)):
+            raise EdgespecError(f"a KV cache of {self.buffers[0].dtype} cannot load {tensors[0].dtype} tensors")
         self.length = 0
         self.reserve(p)
         for buf, t in zip(self.buffers, tensors):
