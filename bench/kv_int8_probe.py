@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from edgespec.export import kv_int8
 from onnx import TensorProto, helper
 
 from edgespec.io import onnx_model as om
@@ -92,51 +93,17 @@ def rewrite(src: Path, dst: Path, kinds: set[str], method: str = "dequant") -> l
         g.node.insert(0, helper.make_node("DequantizeLinear", [n, scale_name(n)], [wide], name=n + "/Dequantize",
                                           axis=0))
     onnx.save(m, str(dst / "model.onnx"))
+    _link(src, dst)
+    return names
+
+
+def _link(src: Path, dst: Path) -> None:
+    """Hard-link (or copy) ``src``'s data file into the directory ``dst``."""
     data = src.parent / "model.onnx.data"
     try:
         os.link(data, dst / "model.onnx.data")
     except OSError:
         shutil.copy2(data, dst / "model.onnx.data")
-    return names
-
-
-def rewrite_gqa(src: Path, dst: Path, scales: dict[str, np.ndarray], per: str) -> None:
-    """Format 3: every ``GroupQueryAttention`` reads and writes an int8 cache (``k_quant_type`` /
-    ``v_quant_type`` ``per`` = PER_TENSOR or PER_CHANNEL, ``kv_cache_bit_width`` 8) with the static scales
-    ``scales[past input name]`` (initializers); the past and present buffers become int8."""
-    m = onnx.load(str(src), load_external_data=False)
-    g = m.graph
-    for vi in list(g.input) + list(g.output):
-        if vi.name.startswith(("past_key_values.", "present.")):
-            vi.type.tensor_type.elem_type = TensorProto.INT8
-    for node in g.node:
-        if node.op_type != "GroupQueryAttention":
-            continue
-        pk, pv = node.input[3], node.input[4]
-        for n in (pk, pv):
-            g.initializer.append(onnx.numpy_helper.from_array(scales[n].astype(np.float32), n + "/scale"))
-        ins = list(node.input) + [""] * (11 - len(node.input))
-        node.input[:] = ins[:11] + ["", pk + "/scale", pv + "/scale"]
-        node.attribute.extend([helper.make_attribute("k_quant_type", per), helper.make_attribute("v_quant_type", per),
-                               helper.make_attribute("kv_cache_bit_width", 8)])
-    onnx.save(m, str(dst / "model.onnx"))
-    try:
-        os.link(src.parent / "model.onnx.data", dst / "model.onnx.data")
-    except OSError:
-        shutil.copy2(src.parent / "model.onnx.data", dst / "model.onnx.data")
-
-
-class Int8InPlace(om.InPlaceKVCache):
-    """Format 3's in-place cache with int8 buffers (GroupQueryAttention quantizes what it writes)."""
-
-    def _alloc(self, capacity, n, old=None):
-        b, kv, hd = self._shape
-        self.buffers = [np.zeros((b, kv, capacity, hd), np.int8) for _ in range(n)]
-        if old is not None:
-            for new, prev in zip(self.buffers, old):
-                new[:, :, :self.length] = prev[:, :, :self.length]
-        self.values = [om.ort.OrtValue.ortvalue_from_numpy(buf) for buf in self.buffers]
-        self.bindings = {}
 
 
 class Int8KV(GroupedKVCache):
@@ -215,7 +182,7 @@ def main() -> None:
     ap.add_argument("--past", type=int, default=3500)
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--kinds", default="value", help="value, key or key,value")
-    ap.add_argument("--method", choices=("dequant", "qgemm", "fp16", "kfirst", "gqa-tensor", "gqa-channel"), default="dequant")
+    ap.add_argument("--method", choices=("dequant", "qgemm", "fp16", "kfirst", "gqa-channel"), default="dequant")
     ap.add_argument("--out", default=None, help="append the result as a JSON line to this file")
     a = ap.parse_args()
     kinds = set(a.kinds.split(","))
@@ -240,15 +207,14 @@ def main() -> None:
             c = ref.new_cache()
             for i in range(0, len(calib), 256):
                 ref.forward(calib[i:i + 256], c, keep=1)
-            names = [n for pair in spec.past_names() for n in pair]
-            if a.method == "gqa-tensor":
-                scales = {n: np.array([np.abs(t).max() / 127.0]) for n, t in zip(names, c.tensors)}
-            else:  # (1, kv_heads, 1, head_dim)
-                scales = {n: np.abs(t).max(axis=(0, 2), keepdims=True) / 127.0 for n, t in zip(names, c.tensors)}
-            rewrite_gqa(export / spec.path, Path(tmp), scales, "PER_TENSOR" if a.method == "gqa-tensor" else "PER_CHANNEL")
+            names = [n for pair in spec.past_names() for n in pair]  # per channel: (1, kv_heads, 1, head_dim)
+            scales = {n: (np.abs(t).max(axis=(0, 2), keepdims=True) / 127.0).astype(np.float32)
+                      for n, t in zip(names, c.tensors)}
+            _link(export / spec.path, Path(tmp))
+            kv_int8.rewrite(export / spec.path, scales, Path(tmp) / "model.onnx")  # the exporter's rewrite
             lm = om.OnnxLM.from_session(spec, om.open_session(Path(tmp) / "model.onnx"))
-            caches = [ref.new_cache(), Int8InPlace(spec.num_layers, spec.num_kv_heads, spec.head_dim, 4096,
-                                                   spec.context_length)]
+            caches = [ref.new_cache(), om.InPlaceKVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, 4096,
+                                                         spec.context_length, np.int8)]
         else:
             rewrite(export / spec.path, Path(tmp), kinds, a.method)
             lm = om.OnnxLM.from_session(spec, om.open_session(Path(tmp) / "model.onnx"))
