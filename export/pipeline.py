@@ -48,7 +48,8 @@ from .sources import Source, resolve_model, resolve_recipe_model
 # GRAPH_REVISIONS changes a format's graphs without a new format (the runtime reads both revisions): it is
 # part of the key when present, so graphs of the formats it does not name keep their keys.
 GRAPH_FORMATS = (2, 3, 4)  # 4: format 3 with grouped attention over per-KV-head buffers (export/grouped_graph.py)
-KV_INT8_REVISION = 1  # export/kv_int8.py's rewrite, in the graph cache key of --kv-int8 graphs
+KV_INT8_REVISION = 2  # export/kv_int8.py's rewrite, in the graph cache key of --kv-int8 graphs (2: the prefill
+# graph keeps a float32 cache, and kv_scales.npz)
 GRAPH_REVISIONS = {3: 2}  # format 3, revision 2: the token embedding quantized (GatherBlockQuantized)
 EMBEDDING_BITS = {"int4": 8, "int8": 8}  # format 3 from revision 2: embedding table bits per graph precision
 DEFAULT_GRAPH_FORMAT = 3  # where the model allows it (gqa_graph.format3_problem); format 2 stays loadable
@@ -147,7 +148,9 @@ def _cache_key(source: Source, opts: ExportOptions) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-GRAPH_FILES = ("model.onnx", "model.onnx.data", "kept_token_ids.npy", "prefill.onnx", "prefill.onnx.data")
+GRAPH_FILES = ("model.onnx", "model.onnx.data", "kept_token_ids.npy", "prefill.onnx", "prefill.onnx.data",
+               "kv_scales.npz")
+KV_SCALES_NAME = "kv_scales.npz"  # an int8 cache's scales, for the runtime's float32 prefill (GraphSpec.kv_scales)
 
 
 def _cached_meta(entry: Path) -> dict | None:
@@ -161,7 +164,7 @@ def _cached_meta(entry: Path) -> dict | None:
             paths.write_atomic(entry / "meta.json", json.dumps(meta, indent=2))
         files = meta["files"]
         graph_spec({"path": "model.onnx", **meta}, "cached graph")  # the graph schema, checked where it is read
-        named = {"model.onnx"} | {meta[k] for k in ("kept_token_ids", "prefill_path") if meta.get(k)}
+        named = {"model.onnx"} | {meta[k] for k in ("kept_token_ids", "prefill_path", "kv_scales") if meta.get(k)}
         if meta.get("prefill_path"):
             named.add(meta["prefill_path"] + ".data")
         if named - set(files) or set(files) - set(GRAPH_FILES):  # a graph it names that it does not keep
@@ -241,11 +244,11 @@ def build_graph(info: ModelInfo, opts: ExportOptions, role: str, cache: Path | N
 
 def _kv_int8(info: ModelInfo, plain: Path, out_dir: Path, ids: np.ndarray, layers: int, kv: int, hd: int,
              prefill: Path | None) -> dict:
-    """Write ``out_dir/model.onnx`` (and ``out_dir/prefill.onnx`` from ``prefill``): the float32-cache graph
-    ``plain`` with an int8 KV cache (:mod:`.kv_int8`, scales calibrated on ``plain``); returns the int8 cache's
-    validation against ``plain`` over ``ids``."""
+    """Write ``out_dir/model.onnx``: the float32-cache graph ``plain`` with an int8 KV cache (:mod:`.kv_int8`,
+    scales calibrated on ``plain``); returns the int8 cache's validation against ``plain`` over ``ids``. With a
+    ``prefill`` graph (which keeps its float32 cache: onnxruntime's int8-cache attention is 4× slower on prompt
+    chunks), also ``out_dir/kv_scales.npz``, the scales the runtime quantizes the prefill's rows with."""
     from .kv_int8 import calibrate, calibration_ids, rewrite
-    from .prefill_graph import PREFILL_NAME
     from .validate import validate_kv_cache
 
     context = int(getattr(info.config, "max_position_embeddings", 4096))
@@ -253,7 +256,8 @@ def _kv_int8(info: ModelInfo, plain: Path, out_dir: Path, ids: np.ndarray, layer
     scales = calibrate(plain, calib, layers, kv, hd)
     rewrite(plain, scales, out_dir / "model.onnx")
     if prefill is not None:
-        rewrite(prefill, scales, out_dir / PREFILL_NAME)
+        with open(out_dir / KV_SCALES_NAME, "wb") as f:
+            np.savez(f, **scales)
     return validate_kv_cache(plain, out_dir / "model.onnx", ids, layers, kv, hd)
 
 
@@ -271,13 +275,14 @@ def _derive_kv_int8(info: ModelInfo, role: str, base: Path, base_meta: dict, fin
         _log(f"{role}: int8 KV cache from the cached graph {base.name}")
         spec = graph_spec({"path": "model.onnx", **base_meta}, role)
         for f in base_meta["files"]:
-            if f not in ("model.onnx", spec.prefill_path):
+            if f != "model.onnx":  # the prefill graph keeps its float32 cache: linked as it is
                 _link_or_copy(base / f, tmp / f)
         ids = validation_ids(info.tokenizer, QUANT_POSITIONS, info.logits_width)
         val = dict(base_meta["validation"])
         val["kv_int8"] = _kv_int8(info, base / "model.onnx", tmp, ids, spec.num_layers, spec.num_kv_heads,
                                   spec.head_dim, base / spec.prefill_path if spec.prefill_path else None)
-        meta = _commit(tmp, final, {**base_meta, "kv_cache": "int8", "validation": val}, t0)
+        meta = _commit(tmp, final, {**base_meta, "kv_cache": "int8", "validation": val,
+                                    **(_float32_prefill() if spec.prefill_path else {})}, t0)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _print_validation(role, meta)
@@ -362,12 +367,18 @@ def _build(info: ModelInfo, opts: ExportOptions, role: str, final: Path) -> tupl
             source=info.source.ref, source_sha256=info.source.sha256, input_names=tuple(ins),
             output_names=tuple(outs), validation=val,
             kept_token_ids="kept_token_ids.npy" if kept is not None else None, graph_format=opts.graph_format,
-            prefill_path="prefill.onnx" if opts.prefill_int8 else None, kv_cache="int8" if opts.kv_int8 else "float32")
+            prefill_path="prefill.onnx" if opts.prefill_int8 else None, kv_cache="int8" if opts.kv_int8 else "float32",
+            **(_float32_prefill() if opts.kv_int8 and opts.prefill_int8 else {}))
         meta = _commit(tmp, final, asdict(spec), t0)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _print_validation(role, meta)
     return final, meta
+
+
+def _float32_prefill() -> dict:
+    """The manifest fields of an int8 cache whose prefill graph attends in float32 (GraphSpec.prefill_kv_cache)."""
+    return {"prefill_kv_cache": "float32", "kv_scales": KV_SCALES_NAME}
 
 
 def _commit(tmp: Path, final: Path, meta: dict, t0: float) -> dict:
@@ -508,7 +519,8 @@ def _assemble(out: Path, name: str, graphs: dict, t_info: ModelInfo, d_info: Mod
             spec = graph_spec({"path": "model.onnx", **meta}, role)
             specs[role] = replace(spec, path=f"{role}/{spec.path}", kept_token_ids=spec.kept_token_ids and
                                   f"{role}/{spec.kept_token_ids}",
-                                  prefill_path=spec.prefill_path and f"{role}/{spec.prefill_path}")
+                                  prefill_path=spec.prefill_path and f"{role}/{spec.prefill_path}",
+                                  kv_scales=spec.kv_scales and f"{role}/{spec.kv_scales}")
         t_info.tokenizer.backend_tokenizer.save(str(tmp / "tokenizer.json"))
         template = None
         if t_info.chat_template:

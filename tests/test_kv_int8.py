@@ -149,9 +149,9 @@ def test_the_int8_export_is_derived_from_the_cached_float32_graphs(exports):
 
 
 def test_built_from_the_weights_with_a_prefill_graph_both_graphs_read_the_int8_cache(home, tiny_dirs, tmp_path, capfd):
-    """No float32 graph cached for these options (block 16): the exporter builds, calibrates and rewrites both the
-    graph and the int8 prefill graph; long prompt chunks run on the prefill graph over the same int8 cache, and
-    plain and speculative greedy stay identical."""
+    """No float32 graph cached for these options (block 16): the exporter builds, calibrates and rewrites the
+    graph; the int8 prefill graph keeps its float32 cache (tests/test_kv_int8_prefill.py), and long prompt chunks
+    run on it through a float32 copy of the int8 cache; plain and speculative greedy stay identical."""
     from edgespec.export import ExportOptions, export_pair
 
     t = ExportOptions(precision="int4", block_size=16, graph_format=3, kv_int8=True, prefill_int8=True)
@@ -160,9 +160,9 @@ def test_built_from_the_weights_with_a_prefill_graph_both_graphs_read_the_int8_c
     assert "from the cached graph" not in capfd.readouterr().err
     m = load_manifest(d)
     lm = om.OnnxLM(m.target, d)
-    assert m.target.kv_cache == "int8" and lm.prefill_session is not None
-    for s in (lm.session, lm.prefill_session):
-        assert {i.type for i in s.get_inputs() if i.name.startswith("past_key_values.")} == {"tensor(int8)"}
+    assert m.target.kv_cache == "int8" and m.target.prefill_kv_cache == "float32" and lm.prefill_session is not None
+    for s, want in ((lm.session, "tensor(int8)"), (lm.prefill_session, "tensor(float)")):
+        assert {i.type for i in s.get_inputs() if i.name.startswith("past_key_values.")} == {want}
     cache = lm.new_cache()
     lm.forward(IDS[:om.PREFILL_GRAPH_ROWS + 8], cache, prefill=True)
     row = lm.forward([IDS[100]], cache)

@@ -44,8 +44,9 @@ def add_export_parser(sub) -> None:
                    help="the same for the draft (its prompt catch-up)")
     p.add_argument("--kv-int8", action="store_true",
                    help="keep both models' KV caches in int8 (graph format 3; GroupQueryAttention quantizes and reads "
-                        "them natively): a quarter of the cache memory, decode after a 3,500-token context 1.55x "
-                        "faster, but long prompts prefill at 0.71x (one run, docs/benchmarks.md)")
+                        "them natively): a quarter of the cache memory, decode after a 3,500-token context ~1.4x "
+                        "faster; alone, long prompts prefill at ~0.7x; with --prefill-int8 --draft-prefill-int8 "
+                        "the prefill graphs keep a float32 cache and prompts prefill at their speed (docs/benchmarks.md)")
     p.add_argument("--voice", action="store_true",
                    help="prepare the speech-recognition model of `edgespec voice` (Moonshine) instead of a pair")
 
@@ -120,7 +121,9 @@ def cmd_info(a) -> int:
               f"logits {g.vocab_size}, {q.precision}"
               + (f" (block {q.block_size}, accuracy level {q.accuracy_level})" if q.block_size else "")
               + f", lm_head {q.lm_head_bits} bits, embedding {q.embedding_bits} bits, graph format {g.graph_format}"
-              + (f", KV cache {g.kv_cache}" if g.kv_cache != "float32" else ""))
+              + (f", KV cache {g.kv_cache}" if g.kv_cache != "float32" else "")
+              + (f" (prefill graph {g.prefill_cache_type})" if g.prefill_path and g.prefill_cache_type != g.kv_cache
+                 else ""))
         print(f"  source: {g.source}  sha256 {g.source_sha256[:16]}…")
         v = g.validation.get("fp32", {})
         if v:

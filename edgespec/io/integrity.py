@@ -78,11 +78,13 @@ def check_files(export_dir: Path, m: Manifest, verify: str = "auto") -> list[str
 _PAST = re.compile(r"past_key_values\.(\d+)\.key(?:\.0)?")  # graph format 4: one input per KV head (.0 first)
 
 
-def check_graph(session, spec: GraphSpec, role: str, path: Path, feeds: list[str], fetches: list[str]) -> None:
+def check_graph(session, spec: GraphSpec, role: str, path: Path, feeds: list[str], fetches: list[str],
+                kv_cache: str | None = None) -> None:
     """The graph in ``session`` against its manifest block ``spec``: inputs, outputs and their shapes.
 
-    ``feeds``/``fetches`` are the KV input and output names the runtime will use. Dimensions the graph
-    leaves symbolic are not compared.
+    ``feeds``/``fetches`` are the KV input and output names the runtime will use; their element type is
+    ``kv_cache`` (default ``spec.kv_cache``; a prefill graph's is ``spec.prefill_cache_type``). Dimensions the
+    graph leaves symbolic are not compared.
 
     Raises:
         EdgespecError: a graph of another model (other layer count, KV heads, head_dim or vocabulary), or
@@ -108,11 +110,14 @@ def check_graph(session, spec: GraphSpec, role: str, path: Path, feeds: list[str
         raise EdgespecError(f"{where}'s {kind} names differ from {role}.{kind}_names in the manifest ({odd!r})")
     if inputs["input_ids"].type != "tensor(int64)":
         raise EdgespecError(f"{where} takes input_ids as {inputs['input_ids'].type}, not int64")
-    want_type = f"tensor({getattr(spec, 'kv_cache', 'float32').replace('float32', 'float')})"
+    kv_type = kv_cache or getattr(spec, "kv_cache", "float32")
+    want_type = f"tensor({kv_type.replace('float32', 'float')})"
+    field_name = "prefill_kv_cache" if kv_cache is not None and kv_cache != getattr(spec, "kv_cache", "float32") \
+        else "kv_cache"
     for name in feeds:
         if inputs[name].type != want_type:
-            raise EdgespecError(f"{where} takes {name} as {inputs[name].type}, the manifest says {role}.kv_cache "
-                                f"{getattr(spec, 'kv_cache', 'float32')} (export again)")
+            raise EdgespecError(f"{where} takes {name} as {inputs[name].type}, the manifest says {role}.{field_name} "
+                                f"{kv_type} (export again)")
         shape = inputs[name].shape
         for axis, what, want in ((1, "num_kv_heads", spec.num_kv_heads), (3, "head_dim", spec.head_dim)):
             axis = {4: axis, 2: 1 if axis == 3 else None}.get(len(shape))  # format 4: (W, head_dim) per KV head

@@ -75,6 +75,14 @@ class GraphSpec:
     outputs and cache contract whose layer matmuls are int8 (``export/prefill_graph.py``), in ``path``'s
     directory (it reads their shared tensors from that directory's data file); the runtime runs prompt chunks
     of ≥ 64 rows on it and everything else on ``path``.
+
+    ``prefill_kv_cache`` (optional, default ``kv_cache``): the element type of the prefill graph's cache. With
+    ``kv_cache`` int8 and ``prefill_kv_cache`` ``"float32"`` (``edgespec export --kv-int8 --prefill-int8``), the
+    prefill graph attends in float32 (onnxruntime's int8-cache kernel has no GEMM path for many query rows: 4×
+    slower per prompt chunk), so the runtime prefills through a float32 copy of the cached rows and writes the
+    new rows back quantized with ``kv_scales``: an ``.npz`` beside ``path`` of float32 (1, kv_heads, 1,
+    head_dim) per-channel scales named ``past_key_values.{i}.key|value`` (the graph's own k_scale/v_scale;
+    int8 value q stands for q · scale).
     """
 
     path: str
@@ -95,10 +103,17 @@ class GraphSpec:
     # 4: per-KV-head shared buffers, grouped attention in plain ops
     prefill_path: str | None = None  # the same graph with int8 layer matmuls, for prompt chunks (export/prefill_graph.py)
     kv_cache: str = "float32"  # the KV cache's element type: "float32", or "int8" (format 3, export/kv_int8.py)
+    prefill_kv_cache: str | None = None  # the prefill graph's cache type when it differs ("float32" beside int8)
+    kv_scales: str | None = None  # .npz of the int8 cache's per-channel scales (with prefill_kv_cache float32)
 
     def past_names(self) -> list[tuple[str, str]]:
         """``[(key_name, value_name)]`` per layer, in layer order."""
         return [(f"past_key_values.{i}.key", f"past_key_values.{i}.value") for i in range(self.num_layers)]
+
+    @property
+    def prefill_cache_type(self) -> str:
+        """The element type of the prefill graph's cache (``prefill_kv_cache``, default ``kv_cache``)."""
+        return self.prefill_kv_cache or self.kv_cache
 
 
 @dataclass(frozen=True)
@@ -199,7 +214,8 @@ _GRAPH = {"path": ("str", True), "architecture": ("str", True), "num_layers": ("
           "context_length": ("pos", True), "quantization": ("object", True), "source": ("str", True),
           "source_sha256": ("str", True), "input_names": ("names", True), "output_names": ("names", True),
           "validation": ("object", False), "kept_token_ids": ("str?", False), "graph_format": ("pos", False),
-          "prefill_path": ("str?", False), "kv_cache": ("str", False)}
+          "prefill_path": ("str?", False), "kv_cache": ("str", False), "prefill_kv_cache": ("str?", False),
+          "kv_scales": ("str?", False)}
 _SPECIAL = {"bos": ("token?", True), "eos": ("token", True), "pad": ("token?", True), "stop": ("tokens", True)}
 _MANIFEST = {"name": ("str", True), "target": ("object", True), "draft": ("object", True), "tokenizer": ("str", True),
              "chat_template": ("str?", True), "special_tokens": ("object", True), "tokenizer_sha256": ("str", True),
@@ -232,7 +248,7 @@ def graph_spec(d: Any, role: str) -> GraphSpec:
 def _graph(d: Any, role: str) -> GraphSpec:
     d = _fields(d, role, _GRAPH)
     _relative(d["path"], f"{role}.path")
-    for key in ("kept_token_ids", "prefill_path"):
+    for key in ("kept_token_ids", "prefill_path", "kv_scales"):
         if d.get(key) is not None:
             _relative(d[key], f"{role}.{key}")
     pre = d.get("prefill_path")
@@ -244,6 +260,15 @@ def _graph(d: Any, role: str) -> GraphSpec:
         raise _Invalid(f"{role}.kv_cache must be one of {', '.join(KV_CACHE_TYPES)}, got {_show(d['kv_cache'])}")
     if d.get("kv_cache", "float32") == "int8" and d.get("graph_format", 2) != 3:
         raise _Invalid(f"{role}.kv_cache int8 needs graph format 3, not {d.get('graph_format', 2)}")
+    kv, pkv = d.get("kv_cache", "float32"), d.get("prefill_kv_cache")
+    if pkv is not None and pkv != kv:
+        if pre is None or (kv, pkv) != ("int8", "float32"):
+            raise _Invalid(f"{role}.prefill_kv_cache {_show(pkv)} needs a prefill graph and an int8 kv_cache "
+                           f"(this edgespec reads a float32 prefill cache beside an int8 one only)")
+        if d.get("kv_scales") is None:
+            raise _Invalid(f"{role}.prefill_kv_cache float32 beside an int8 kv_cache needs kv_scales")
+        if Path(d["kv_scales"]).parent != Path(d["path"]).parent:
+            raise _Invalid(f"{role}.kv_scales must name a file beside {role}.path, got {_show(d['kv_scales'])}")
     d["quantization"] = Quantization(**_fields(d["quantization"], f"{role}.quantization", _QUANTIZATION))
     d["input_names"] = tuple(d["input_names"])
     d["output_names"] = tuple(d["output_names"])
@@ -295,6 +320,8 @@ def named_files(m: Manifest) -> list[tuple[str, str, bool]]:
             out.append((f"{role}.kept_token_ids", g.kept_token_ids, True))
         if g.prefill_path:
             out.append((f"{role}.prefill_path", g.prefill_path, True))
+        if g.kv_scales:
+            out.append((f"{role}.kv_scales", g.kv_scales, True))
     out += [("files", rel, True) for rel in m.files]
     return out
 

@@ -174,6 +174,7 @@ class InPlaceKVCache(PreallocatedKV):
         self.length = 0
         self._shape = (1, num_kv_heads, head_dim)
         self.dtype = np.dtype(dtype)  # float32, or int8 (GraphSpec.kv_cache: the graph quantizes what it writes)
+        self._float32: InPlaceKVCache | None = None  # an int8 cache's float32 copy while a prefill runs on it
         self._alloc(min(capacity, max_length), 2 * num_layers)
 
     def _alloc(self, capacity: int, n: int, old: list[np.ndarray] | None = None) -> None:
@@ -197,6 +198,45 @@ class InPlaceKVCache(PreallocatedKV):
             for buf in self.buffers:
                 buf[:, :, n:n + len(keep)] = buf[:, :, idx]  # fancy indexing copies first: overlap is safe
         self.length = min(self.length, n + len(keep))
+        if self._float32 is not None:
+            self._float32.length = min(self._float32.length, n)  # rows from n on may have moved
+
+    def float32_copy(self, scales: list[np.ndarray]) -> "InPlaceKVCache":
+        """An int8 cache's valid rows dequantized, as a float32 :class:`InPlaceKVCache` of the same capacity: the
+        past of a prefill graph that attends in float32 (``GraphSpec.prefill_kv_cache``). ``scales`` float32
+        (1, kv_heads, 1, head_dim) per buffer (int8 q stands for q · scale). Kept while consecutive prefill
+        chunks run (only rows it lacks are dequantized); :meth:`drop_float32` frees it.
+
+        Raises:
+            EdgespecError: the cache is not int8.
+        """
+        if self.dtype != np.int8:
+            raise EdgespecError(f"a float32 copy is of an int8 KV cache, not a {self.dtype} one")
+        f = self._float32
+        if f is None or f.capacity < self.capacity:
+            b, kv, hd = self._shape
+            f = self._float32 = InPlaceKVCache(len(self.buffers) // 2, kv, hd, self.capacity, self.max_length)
+        start, end = min(f.length, self.length), self.length
+        for dst, src, scale in zip(f.buffers, self.buffers, scales):
+            dst[:, :, start:end] = src[:, :, start:end] * scale
+        f.length = end
+        return f
+
+    def store_from(self, f: "InPlaceKVCache", scales: list[np.ndarray]) -> None:
+        """Quantize the rows a float32 prefill wrote into ``f`` (:meth:`float32_copy`) past this cache's length,
+        q = clip(round(x / scale), −128, 127) as onnxruntime's GroupQueryAttention quantizes, into this cache, and write q · scale back into ``f`` so that its
+        rows stay exactly what the int8 cache holds (the next chunk attends to what decoding will read)."""
+        start, end = self.length, f.length
+        self.reserve(end)
+        for dst, src, scale in zip(self.buffers, f.buffers, scales):
+            q = np.clip(np.rint(src[:, :, start:end] / scale), -128, 127)
+            dst[:, :, start:end] = q
+            src[:, :, start:end] = q * scale
+        self.length = end
+
+    def drop_float32(self) -> None:
+        """Free the float32 copy (a graph that writes the int8 cache itself ran: the copy would go stale)."""
+        self._float32 = None
 
 
 SharedKVCache = InPlaceKVCache  # the former name ("shared": past and present share one buffer)
@@ -204,6 +244,28 @@ SharedKVCache = InPlaceKVCache  # the former name ("shared": past and present sh
 CACHE_CAPACITY = 4096  # initial positions of a format-3 cache buffer; it doubles on demand up to the context
 _ALL_ROWS = np.zeros(1, dtype=np.int64)  # logits_keep = 0: every row
 PREFILL_GRAPH_ROWS = 64  # prefill chunks of at least this many rows run on the int8 prefill graph, when loaded
+
+
+def load_kv_scales(path: Path, spec: GraphSpec, names: list[str]) -> list[np.ndarray]:
+    """The int8 cache's per-channel scales of ``spec.kv_scales`` (an ``.npz``), float32 (1, kv_heads, 1,
+    head_dim) each, in the order of ``names`` (the graph's past inputs).
+
+    Raises:
+        EdgespecError: the file is unreadable, lacks a name, or holds a scale of another shape, or one that is
+            not finite and positive (export again).
+    """
+    want = (1, spec.num_kv_heads, 1, spec.head_dim)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            scales = [np.asarray(z[n], dtype=np.float32) for n in names]
+    except KeyError as e:
+        raise EdgespecError(f"{path}: no KV scale {e} (export again)") from None
+    except (OSError, ValueError, EOFError) as e:
+        raise EdgespecError(f"{path}: unreadable KV scales ({_first_line(e)}; export again)") from None
+    for n, sc in zip(names, scales):
+        if sc.shape != want or not np.all(np.isfinite(sc)) or not np.all(sc > 0):
+            raise EdgespecError(f"{path}: the KV scale {n} is not finite, positive float32 {want} (export again)")
+    return scales
 
 
 def causal_mask(past: int, new: int) -> np.ndarray:
@@ -349,9 +411,12 @@ class OnnxLM:
         self.export_dir = Path(export_dir)
         check_graph(session, spec, role, path, self._past, self._outputs)  # the manifest describes this graph
         if prefill is not None:
-            check_graph(prefill, spec, f"{role} prefill graph", prefill_path, self._past, self._outputs)
+            check_graph(prefill, spec, f"{role} prefill graph", prefill_path, self._past, self._outputs,
+                        spec.prefill_cache_type)
             self._check_format(prefill, prefill_path)
             self.prefill_session = prefill
+            if spec.prefill_cache_type != spec.kv_cache:  # float32 prefill attention beside an int8 cache
+                self.kv_scales = load_kv_scales(Path(export_dir) / spec.kv_scales, spec, self._past)
         # file pages given back while and after loading (SessionMemory.release_while_loading, release_pages)
         self.released_bytes = loading.released if loading else 0
         if memory.release_pages:
@@ -384,6 +449,7 @@ class OnnxLM:
         self.in_place = spec.graph_format >= 3
         self._logits_at = 2 * spec.num_layers  # IO binding lists outputs in binding order: presents, then logits
         self.prefill_session: ort.InferenceSession | None = None  # the int8 prefill graph, when loaded
+        self.kv_scales: list[np.ndarray] | None = None  # an int8 cache's scales when the prefill graph's is float32
         self._check_format(session, spec.path)
 
     def _check_format(self, session: ort.InferenceSession, path) -> None:
@@ -417,7 +483,9 @@ class OnnxLM:
         needs one row), if the export has the ``logits_keep`` input; older exports slice afterwards. With
         ``vocab_limit`` set, V is cut to it (a head padded past the tokenizer's ids). ``prefill`` runs a chunk
         of T ≥ :data:`PREFILL_GRAPH_ROWS` on the export's int8 prefill graph when it is loaded
-        (``export/prefill_graph.py``; same cache), else on the graph itself.
+        (``export/prefill_graph.py``; same cache), else on the graph itself. Beside an int8 cache a float32
+        prefill graph (``GraphSpec.prefill_kv_cache``) runs on :meth:`InPlaceKVCache.float32_copy`, and its new
+        rows are quantized into the cache (:meth:`InPlaceKVCache.store_from`).
         """
         ids = np.asarray(ids, dtype=np.int64)
         p, t = cache.length, len(ids)
@@ -431,7 +499,13 @@ class OnnxLM:
             feeds["logits_keep"] = np.array([keep], dtype=np.int64)
         if self.grouped:
             logits = cache.run(session, feeds, p + t, _ALL_ROWS if self.has_logits_keep else None)
+        elif self.in_place and session is self.prefill_session and self.kv_scales is not None:
+            shadow = cache.float32_copy(self.kv_scales)  # the float32 prefill graph attends to it
+            logits = self._run_in_place(session, feeds, shadow, p + t)
+            cache.store_from(shadow, self.kv_scales)
         elif self.in_place:
+            if getattr(cache, "_float32", None) is not None:
+                cache.drop_float32()
             logits = self._run_in_place(session, feeds, cache, p + t)
         else:
             feeds.update(zip(self._past, cache.tensors))

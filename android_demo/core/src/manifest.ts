@@ -63,6 +63,10 @@ export interface GraphSpec {
    * `past_key_values.{i}.*` and `present.{i}.*` are int8 of the same shapes, which GroupQueryAttention quantizes
    * (static per-channel scales inside the graph) and reads; the core only allocates and moves int8 rows. */
   readonly kv_cache: KvCacheType;
+  /** The int8 cache's per-channel scales (.npz) beside `path`, or null: written with a float32 prefill graph
+   * (`prefill_kv_cache` "float32", `edgespec export --kv-int8 --prefill-int8`), which only the Python runtime
+   * loads; like the prefill graph, a transfer leaves it behind. */
+  readonly kv_scales: string | null;
 }
 
 /** Token ids; `stop` ends generation. */
@@ -135,7 +139,7 @@ const GRAPH: Record<string, [Kind, boolean]> = {
   path: ["str", true], architecture: ["str", true], num_layers: ["pos", true], num_kv_heads: ["pos", true],
   head_dim: ["pos", true], vocab_size: ["pos", true], context_length: ["pos", true], quantization: ["object", true],
   input_names: ["names", true], output_names: ["names", true], kept_token_ids: ["str?", false],
-  graph_format: ["pos", false], prefill_path: ["str?", false], kv_cache: ["str", false],
+  graph_format: ["pos", false], prefill_path: ["str?", false], kv_cache: ["str", false], kv_scales: ["str?", false],
 };
 const QUANT: Record<string, [Kind, boolean]> = {
   precision: ["str", true], block_size: ["pos?", false], accuracy_level: ["nonneg?", false], lm_head_bits: ["pos?", false],
@@ -169,6 +173,7 @@ function graph(d: unknown, role: string): GraphSpec {
   insideExport(g.path, `${role}.path`);
   if (g.kept_token_ids !== null) insideExport(g.kept_token_ids, `${role}.kept_token_ids`);
   if (g.prefill_path !== null) insideExport(g.prefill_path, `${role}.prefill_path`);
+  if (g.kv_scales !== null) insideExport(g.kv_scales, `${role}.kv_scales`);
   const q = fields(g.quantization, `${role}.quantization`, QUANT);
   q.lm_head_bits = q.lm_head_bits ?? 32;
   const past = pastNames(g.num_layers, g.num_kv_heads, g.graph_format);

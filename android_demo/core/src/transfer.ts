@@ -66,10 +66,14 @@ export function notAnExport(where: string, names: readonly string[]): EdgespecEr
 }
 
 /** The files of the graphs' int8 prefill graphs (`prefill_path` and its `.data` file, as the exporter names
- * them): the core never loads them, so a device neither copies nor needs them (~0.9 GB for the 1.5B target). */
+ * them, and the `kv_scales` an int8 cache's float32 prefill uses): the core never loads them, so a device
+ * neither copies nor needs them (~0.9 GB for the 1.5B target). */
 export function unusedFiles(m: Manifest): Set<string> {
   const out = new Set<string>();
-  for (const g of [m.target, m.draft]) if (g.prefill_path !== null) [g.prefill_path, `${g.prefill_path}.data`].forEach((p) => out.add(p));
+  for (const g of [m.target, m.draft]) {
+    if (g.prefill_path !== null) [g.prefill_path, `${g.prefill_path}.data`].forEach((p) => out.add(p));
+    if (g.kv_scales !== null) out.add(g.kv_scales);
+  }
   return out;
 }
 

@@ -61,6 +61,19 @@ test("an int8 prefill graph (edgespec export --prefill-int8) is neither copied n
     target: { ...graph("target/model.onnx"), prefill_path: "../x.onnx" } })), /target.prefill_path must be a path inside/);
 });
 
+test("an int8 cache's scales for the float32 prefill (kv_scales) stay behind with the prefill graph", () => {
+  const files = { ...FILES, "target/prefill.onnx": { size: 900, sha256: SHA }, "target/prefill.onnx.data": { size: 9e8, sha256: SHA },
+    "target/kv_scales.npz": { size: 57000, sha256: SHA } };
+  const m = parseManifest(JSON.stringify({ ...JSON.parse(JSON.stringify(manifest())), files,
+    target: { ...graph("target/model.onnx"), prefill_path: "target/prefill.onnx", kv_cache: "int8",
+      prefill_kv_cache: "float32", kv_scales: "target/kv_scales.npz", graph_format: 3 } }));
+  assert.equal(m.target.kv_scales, "target/kv_scales.npz");
+  assert.equal(manifest().target.kv_scales, null);
+  assert.ok(!planTransfer(m, 3000, {}, null, "u").files.some((f) => f.path.endsWith("kv_scales.npz")));
+  assert.throws(() => parseManifest(JSON.stringify({ ...JSON.parse(JSON.stringify(manifest())),
+    target: { ...graph("target/model.onnx"), kv_scales: "/etc/x.npz" } })), /target.kv_scales must be a path inside/);
+});
+
 test("checkExportSizes: a missing or truncated file is named before loading", async () => {
   const m = manifest();
   const sizes: Record<string, number> = Object.fromEntries(Object.entries(FILES).map(([k, v]) => [k, v.size]));

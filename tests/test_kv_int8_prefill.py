@@ -1,0 +1,187 @@
+"""An int8 KV cache with a float32 prefill graph (``edgespec export --kv-int8 --prefill-int8``): the prefill graph
+keeps a float32 cache (onnxruntime's int8-cache attention has no GEMM path for many query rows), the runtime
+prefills through a float32 copy of the cached rows and quantizes the new rows into the int8 cache."""
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+
+from edgespec import SpecDecoder
+from edgespec.bench.evaluate import greedy_check
+from edgespec.errors import EdgespecError
+from edgespec.io import onnx_model as om
+from edgespec.io.manifest import load_manifest
+
+IDS = [int(i) for i in np.random.default_rng(3).integers(3, 400, 240)]
+
+
+@pytest.fixture(scope="module")
+def exports(home, tiny_dirs, tmp_path_factory):
+    """The tiny pair, format 3, int4 with int8 prefill graphs for both: with a float32 cache, then with an int8
+    one derived from its cached graphs (the build-from-weights path: tests/test_kv_int8.py)."""
+    from edgespec.export import ExportOptions, export_pair
+
+    root = tmp_path_factory.mktemp("kv_int8_prefill")
+    out = {}
+    for name, kv_int8 in (("float32", False), ("int8", True)):
+        o = ExportOptions(precision="int4", graph_format=3, prefill_int8=True, kv_int8=kv_int8)
+        out[name] = export_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), root / name, o, o)
+    return out
+
+
+def _past_type(path) -> set[int]:
+    g = onnx.load(str(path), load_external_data=False).graph
+    return {i.type.tensor_type.elem_type for i in g.input if i.name.startswith("past_key_values.")}
+
+
+def test_the_prefill_graph_keeps_a_float32_cache_and_the_scales_are_the_graphs(exports):
+    d = exports["int8"]
+    for role in ("target", "draft"):  # derived: the weights and the unchanged prefill graph are hard links
+        for f in ("model.onnx.data", "prefill.onnx", "prefill.onnx.data"):
+            assert (d / role / f).stat().st_ino == (exports["float32"] / role / f).stat().st_ino
+    m = load_manifest(d)
+    for role in ("target", "draft"):
+        g = getattr(m, role)
+        assert (g.kv_cache, g.prefill_kv_cache, g.prefill_cache_type) == ("int8", "float32", "float32")
+        assert g.kv_scales == f"{role}/kv_scales.npz" and g.kv_scales in m.files
+        assert _past_type(d / g.path) == {onnx.TensorProto.INT8}
+        assert _past_type(d / g.prefill_path) == {onnx.TensorProto.FLOAT}
+        graph = onnx.load(str(d / g.path), load_external_data=False).graph
+        inits = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer if t.name.endswith("/scale")}
+        with np.load(d / g.kv_scales) as z:
+            assert sorted(z.files) == sorted(n.removesuffix("/scale") for n in inits)
+            for name, s in inits.items():
+                np.testing.assert_array_equal(z[name.removesuffix("/scale")], s)
+    m32 = load_manifest(exports["float32"])
+    assert m32.target.prefill_kv_cache is None and m32.target.kv_scales is None
+
+
+def _lm(d, role="target"):
+    return om.OnnxLM(getattr(load_manifest(d), role), d)
+
+
+def _quantize(rows, scales):
+    return [np.clip(np.rint(r / s), -128, 127).astype(np.int8) for r, s in zip(rows, scales)]
+
+
+def test_the_runtime_quantizes_as_onnxruntime_does(exports):
+    """The runtime's q = clip(round(x / scale), −128, 127) against GroupQueryAttention's own int8 writes: the same
+    int4 graph with a float32 cache and with an int8 one, one chunk on an empty cache: layer 0's K/V rows (the
+    same inputs; later layers see attention over int8 rows) are quantized identically."""
+    lm8, lm32 = _lm(exports["int8"]), _lm(exports["float32"])
+    c8, c32 = lm8.new_cache(), lm32.new_cache()
+    lm8.forward(IDS[:96], c8)
+    lm32.forward(IDS[:96], c32)
+    for ours, theirs in zip(_quantize(c32.tensors[:2], lm8.kv_scales), c8.tensors[:2]):
+        np.testing.assert_array_equal(ours, theirs)
+
+
+def test_a_prefill_quantizes_the_float32_prefill_graphs_rows_and_decodes_close_to_a_float32_cache(exports):
+    """Prompt chunks on the float32 prefill graph, quantized into the int8 cache: the first chunk's rows are the
+    float32 prefill graph's own (the float32 export's, the same graph) quantized exactly; after a second chunk and
+    20 steps the logits stay within int8 rounding of the float32 cache's."""
+    lm, ref = _lm(exports["int8"]), _lm(exports["float32"])
+    assert lm.prefill_session is not None and lm.kv_scales is not None and ref.kv_scales is None
+    c8, c32 = lm.new_cache(), ref.new_cache()
+    lm.forward(IDS[:96], c8, keep=1, prefill=True)
+    ref.forward(IDS[:96], c32, keep=1, prefill=True)
+    assert c8.buffers[0].dtype == np.int8 and c8.length == 96
+    for a, b in zip(c8.tensors, _quantize(c32.tensors, lm.kv_scales)):
+        np.testing.assert_array_equal(a, b)
+    lm.forward(IDS[96:192], c8, keep=1, prefill=True)
+    ref.forward(IDS[96:192], c32, keep=1, prefill=True)
+    steps = [(lm.forward([t], c8), ref.forward([t], c32)) for t in IDS[192:212]]
+    a, b = (np.concatenate(x) for x in zip(*steps))
+    assert 0 < np.abs(a - b).max() < 0.5 and (a.argmax(-1) == b.argmax(-1)).mean() >= 0.9
+
+
+def test_the_float32_copy_always_holds_the_int8_rows(exports):
+    """The copy a prefill attends to equals the int8 cache dequantized, whether it was kept from the chunk
+    before or made again after a decode step dropped it: the next chunk's logits are bit-identical."""
+    lm = _lm(exports["int8"])
+    kept, remade = lm.new_cache(), lm.new_cache()
+    for c in (kept, remade):
+        lm.forward(IDS[:100], c, keep=1, prefill=True)
+    assert kept._float32 is not None
+    scales = lm.kv_scales
+    for f, q, s in zip(kept._float32.tensors, kept.tensors, scales):
+        np.testing.assert_array_equal(f, q * s)
+    lm.forward([IDS[100]], remade)  # a step on the int8 graph: the copy is dropped
+    assert remade._float32 is None
+    remade.crop(100)
+    a = lm.forward(IDS[100:180], kept, keep=4, prefill=True)
+    b = lm.forward(IDS[100:180], remade, keep=4, prefill=True)
+    np.testing.assert_array_equal(a, b)
+    for x, y in zip(kept.tensors, remade.tensors):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_a_crop_shortens_the_copy_and_the_next_prefill_continues_from_it(exports):
+    lm = _lm(exports["int8"])
+    c = lm.new_cache()
+    lm.forward(IDS[:120], c, keep=1, prefill=True)
+    c.crop(70)
+    assert c._float32.length == 70
+    fresh = lm.new_cache()
+    lm.forward(IDS[:120], fresh, keep=1, prefill=True)
+    fresh.drop_float32()
+    fresh.crop(70)
+    np.testing.assert_array_equal(lm.forward(IDS[70:150], c, keep=1, prefill=True),
+                                  lm.forward(IDS[70:150], fresh, keep=1, prefill=True))
+
+
+def test_the_decoder_is_lossless_on_it(exports):
+    """Greedy speculative decoding on the int8 cache with float32 prefills equals plain decoding (the verify-path
+    rule), for both a prompt long enough for the prefill graph and the catch-up of the draft."""
+    dec = SpecDecoder.load(exports["int8"])
+    assert dec.target.kv_scales is not None and dec.draft_model.lm.kv_scales is not None
+    prompt = IDS[:130]
+    res = greedy_check(dec, prompt, 24, k=3)
+    assert res["ok"], res
+
+
+def test_bad_scales_and_fields_are_refused_in_one_line(exports, tmp_path):
+    src = exports["int8"]
+    bad = tmp_path / "bad"
+    shutil.copytree(src, bad)
+    m = json.loads((bad / "edgespec.json").read_text())
+    del m["files"]  # this test edits files; presence is still checked
+    np.savez(bad / "target" / "kv_scales.npz", nothing=np.ones(1, np.float32))
+    (bad / "edgespec.json").write_text(json.dumps(m))
+    with pytest.raises(EdgespecError, match="no KV scale") as e:
+        _lm(bad)
+    assert "\n" not in str(e.value)
+    (bad / "target" / "kv_scales.npz").write_bytes(b"not a zip")
+    with pytest.raises(EdgespecError, match="unreadable KV scales"):
+        _lm(bad)
+    lm = _lm(src)
+    np.savez(bad / "target" / "kv_scales.npz", **{n: -s for n, s in zip(lm._past, lm.kv_scales)})
+    with pytest.raises(EdgespecError, match="not finite, positive"):
+        _lm(bad)
+    for edit, msg in (({"kv_scales": None}, "needs kv_scales"),
+                      ({"prefill_kv_cache": "int4"}, "needs a prefill graph and an int8 kv_cache"),
+                      ({"prefill_path": None}, "needs a prefill graph")):
+        m2 = json.loads(json.dumps(m))
+        m2["target"].update(edit)
+        (bad / "edgespec.json").write_text(json.dumps(m2))
+        with pytest.raises(EdgespecError, match=msg):
+            load_manifest(bad)
+
+
+def test_a_prefill_graph_of_the_wrong_cache_type_is_refused(exports, tmp_path):
+    """The manifest says the prefill graph's cache is float32; an int8-cache prefill graph in its place (an older
+    export's files) is refused where it loads."""
+    bad = tmp_path / "swapped"
+    shutil.copytree(exports["int8"], bad)
+    m = json.loads((bad / "edgespec.json").read_text())
+    del m["files"]
+    (bad / "edgespec.json").write_text(json.dumps(m))
+    from export.kv_int8 import rewrite
+
+    lm = _lm(exports["int8"])
+    rewrite(bad / "target" / "prefill.onnx", {n: s for n, s in zip(lm._past, lm.kv_scales)})
+    with pytest.raises(EdgespecError, match="prefill_kv_cache float32"):
+        _lm(bad)
