@@ -249,16 +249,19 @@ def _kv_int8(info: ModelInfo, plain: Path, out_dir: Path, ids: np.ndarray, layer
     ``prefill`` graph (which keeps its float32 cache: onnxruntime's int8-cache attention is 4× slower on prompt
     chunks), also ``out_dir/kv_scales.npz``, the scales the runtime quantizes the prefill's rows with."""
     from .kv_int8 import calibrate, calibration_ids, rewrite
-    from .validate import validate_kv_cache
+    from .validate import validate_float32_prefill, validate_kv_cache
 
     context = int(getattr(info.config, "max_position_embeddings", 4096))
     calib = calibration_ids(info.tokenizer, ids, info.logits_width, n=max(0, min(768, context - len(ids) - 16)))
     scales = calibrate(plain, calib, layers, kv, hd)
     rewrite(plain, scales, out_dir / "model.onnx")
+    val = validate_kv_cache(plain, out_dir / "model.onnx", ids, layers, kv, hd)
     if prefill is not None:
         with open(out_dir / KV_SCALES_NAME, "wb") as f:
             np.savez(f, **scales)
-    return validate_kv_cache(plain, out_dir / "model.onnx", ids, layers, kv, hd)
+        val["with_prefill_graph"] = validate_float32_prefill(plain, out_dir / "model.onnx", prefill, scales, ids,
+                                                             layers, kv, hd)
+    return val
 
 
 def _derive_kv_int8(info: ModelInfo, role: str, base: Path, base_meta: dict, final: Path) -> tuple[Path, dict]:
@@ -410,6 +413,8 @@ def _print_validation(role: str, meta: dict) -> None:
         k = v["kv_int8"]
         line += (f"; int8 KV cache greedy agreement {k['greedy_agreement']:.3f} with the float32 cache, "
                  f"max|Δ logit| {k['max_abs_logit_error']:.2f}")
+        if "with_prefill_graph" in k:
+            line += f" ({k['with_prefill_graph']['greedy_agreement']:.3f} after a prefill on the prefill graph)"
     _log(line)
 
 

@@ -133,5 +133,30 @@ def validate_kv_cache(plain_path: Path, q_path: Path, ids: np.ndarray, layers: i
         lm = _lm(session(path), layers, kv, head_dim, len(ids) + 16)
         cache = lm.new_cache(len(ids) + 16)
         rows.append(np.concatenate([lm.forward(ids[i:i + chunk], cache) for i in range(0, len(ids), chunk)]))
-    return {"positions": int(len(ids)), "greedy_agreement": float((rows[0].argmax(-1) == rows[1].argmax(-1)).mean()),
-            "max_abs_logit_error": float(np.abs(rows[0] - rows[1]).max())}
+    return _agreement(*rows)
+
+
+def _agreement(a: np.ndarray, b: np.ndarray) -> dict:
+    return {"positions": int(len(a)), "greedy_agreement": float((a.argmax(-1) == b.argmax(-1)).mean()),
+            "max_abs_logit_error": float(np.abs(a - b).max())}
+
+
+def validate_float32_prefill(plain_path: Path, q_path: Path, prefill_path: Path, scales: dict[str, np.ndarray],
+                             ids: np.ndarray, layers: int, kv: int, head_dim: int, chunk: int = 32) -> dict:
+    """The runtime's prefill of an int8 cache through the float32 prefill graph ``prefill_path`` (its rows
+    quantized with ``scales``, :meth:`edgespec.io.onnx_model.InPlaceKVCache.store_from`), then ``q_path``'s int8
+    decoding, against ``plain_path`` with a float32 cache prefilled by the same prefill graph: greedy agreement and
+    max |Δ logit| over the rows after the prefill (the first half of ``ids`` int64 (N,) is the prompt, one chunk;
+    the rest runs in chunks of ``chunk`` rows)."""
+    half = max(len(ids) // 2, 64)
+    pre = session(prefill_path)
+    rows = []
+    for path, int8 in ((plain_path, False), (q_path, True)):
+        lm = _lm(session(path), layers, kv, head_dim, len(ids) + 16)
+        lm.prefill_session = pre
+        if int8:
+            lm.kv_scales = [scales[n] for n in lm._past]
+        cache = lm.new_cache(len(ids) + 16)
+        lm.forward(ids[:half], cache, keep=1, prefill=True)
+        rows.append(np.concatenate([lm.forward(ids[i:i + chunk], cache) for i in range(half, len(ids), chunk)]))
+    return _agreement(*rows)

@@ -47,6 +47,8 @@ def test_the_prefill_graph_keeps_a_float32_cache_and_the_scales_are_the_graphs(e
         g = getattr(m, role)
         assert (g.kv_cache, g.prefill_kv_cache, g.prefill_cache_type) == ("int8", "float32", "float32")
         assert g.kv_scales == f"{role}/kv_scales.npz" and g.kv_scales in m.files
+        v = g.validation["kv_int8"]["with_prefill_graph"]  # the exporter ran the runtime's float32 prefill
+        assert v["positions"] == 128 and v["greedy_agreement"] >= 0.9 and 0 < v["max_abs_logit_error"] < 1.0
         assert _past_type(d / g.path) == {onnx.TensorProto.INT8}
         assert _past_type(d / g.prefill_path) == {onnx.TensorProto.FLOAT}
         graph = onnx.load(str(d / g.path), load_external_data=False).graph

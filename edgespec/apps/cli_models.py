@@ -137,6 +137,10 @@ def cmd_info(a) -> int:
         if kv:
             print(f"  int8 KV cache vs float32: greedy agreement {kv['greedy_agreement']:.3f} over {kv['positions']} "
                   f"positions, max|Δ logit| {kv['max_abs_logit_error']:.2f}")
+            pk = kv.get("with_prefill_graph")
+            if pk:
+                print(f"  after a prefill on the float32 prefill graph: greedy agreement {pk['greedy_agreement']:.3f} "
+                      f"over {pk['positions']} positions, max|Δ logit| {pk['max_abs_logit_error']:.2f}")
         pv = g.validation.get("prefill_int8")
         if g.prefill_path and pv:
             print(f"  int8 prefill graph {g.prefill_path}: greedy agreement {pv['vs_fp32']['greedy_agreement']:.3f} "
