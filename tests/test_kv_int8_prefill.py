@@ -163,7 +163,9 @@ def test_bad_scales_and_fields_are_refused_in_one_line(exports, tmp_path):
         _lm(bad)
     for edit, msg in (({"kv_scales": None}, "needs kv_scales"),
                       ({"prefill_kv_cache": "int4"}, "needs a prefill graph and an int8 kv_cache"),
-                      ({"prefill_path": None}, "needs a prefill graph")):
+                      ({"prefill_path": None}, "needs a prefill graph"),
+                      ({"prefill_kv_cache": None}, "kv_scales needs prefill_kv_cache float32"),
+                      ({"prefill_kv_cache": "int8"}, "kv_scales needs prefill_kv_cache float32")):
         m2 = json.loads(json.dumps(m))
         m2["target"].update(edit)
         (bad / "edgespec.json").write_text(json.dumps(m2))
