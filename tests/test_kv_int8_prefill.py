@@ -165,7 +165,9 @@ def test_bad_scales_and_fields_are_refused_in_one_line(exports, tmp_path):
         _lm(bad)
     for edit, msg in (({"kv_scales": None}, "needs kv_scales"),
                       ({"prefill_kv_cache": "int4"}, "needs a prefill graph and an int8 kv_cache"),
-                      ({"prefill_path": None}, "needs a prefill graph")):
+                      ({"prefill_path": None}, "needs a prefill graph"),
+                      ({"prefill_kv_cache": None}, "kv_scales needs prefill_kv_cache float32"),
+                      ({"prefill_kv_cache": "int8"}, "kv_scales needs prefill_kv_cache float32")):
         m2 = json.loads(json.dumps(m))
         m2["target"].update(edit)
         (bad / "edgespec.json").write_text(json.dumps(m2))
@@ -187,3 +189,112 @@ def test_a_prefill_graph_of_the_wrong_cache_type_is_refused(exports, tmp_path):
     rewrite(bad / "target" / "prefill.onnx", {n: s for n, s in zip(lm._past, lm.kv_scales)})
     with pytest.raises(EdgespecError, match="prefill_kv_cache float32"):
         _lm(bad)
+
+
+def _dequantized(cache, scales):
+    return [q.astype(np.float32) * s for q, s in zip(cache.tensors, scales)]
+
+
+def _check_copy(cache, scales):
+    """The float32 copy, where there is one, holds exactly the int8 rows dequantized, for every row it claims."""
+    f = cache._float32
+    if f is None:
+        return
+    assert f.length <= cache.length
+    for a, b in zip(f.tensors, _dequantized(cache, scales)):
+        np.testing.assert_array_equal(a, b[:, :, :f.length])
+
+
+def test_the_copy_tracks_the_int8_cache_through_mixed_steps_crops_growth_and_load(exports):
+    """Prefill chunks above and below PREFILL_GRAPH_ROWS, decode steps, contiguous and scattered crops, growth
+    of a small buffer, and load(): after each, the copy equals the int8 rows dequantized, and a cache that
+    went through it all yields the same next-chunk logits and rows as one loaded from its int8 rows."""
+    lm = _lm(exports["int8"])
+    s = lm.kv_scales
+    c = lm.new_cache(capacity=64)  # grows during the first chunk (shadow) and in store_from
+    ops = [("pre", IDS[:100]), ("pre", IDS[100:130]), ("pre", IDS[130:200]), ("crop", (150, [])),
+           ("pre", IDS[150:230]), ("crop", (180, [185, 190, 199])), ("step", [IDS[5]]),
+           ("crop", (120, [121, 130])), ("pre", IDS[20:100]), ("crop", (100, [101]))]
+    for kind, arg in ops:
+        if kind == "pre":
+            lm.forward(arg, c, keep=1, prefill=True)
+        elif kind == "step":
+            lm.forward(arg, c)
+        else:
+            c.crop(arg[0], keep=arg[1])
+        _check_copy(c, s)
+    ref = lm.new_cache()
+    ref.load([t.copy() for t in c.tensors])
+    assert ref._float32 is None
+    a = lm.forward(IDS[30:110], c, keep=3, prefill=True)
+    b = lm.forward(IDS[30:110], ref, keep=3, prefill=True)
+    np.testing.assert_array_equal(a, b)
+    for x, y in zip(c.tensors, ref.tensors):
+        np.testing.assert_array_equal(x, y)
+    c.load([t.copy() for t in ref.tensors[:]])  # load drops the copy
+    assert c._float32 is None
+
+
+def test_the_runtime_saturates_as_onnxruntime_does(exports, tmp_path):
+    """Scales a sixteenth of the calibrated ones: GroupQueryAttention saturates many rows; the runtime's clip
+    bounds and rounding must give the very same int8 values (layer 0, one chunk on an empty cache)."""
+    from export.kv_int8 import rewrite
+
+    d = tmp_path / "tight"
+    shutil.copytree(exports["int8"], d)
+    m = json.loads((d / "edgespec.json").read_text())
+    del m["files"]
+    (d / "edgespec.json").write_text(json.dumps(m))
+    lm = _lm(exports["int8"])
+    tight = [sc / 16 for sc in lm.kv_scales]
+    rewrite(exports["float32"] / "target" / "model.onnx", dict(zip(lm._past, tight)), d / "target" / "model.onnx")
+    lm8, lm32 = _lm(d), _lm(exports["float32"])
+    c8, c32 = lm8.new_cache(), lm32.new_cache()
+    lm8.forward(IDS[:96], c8)
+    lm32.forward(IDS[:96], c32)
+    theirs = c8.tensors[:2]
+    assert any((t == -128).any() or (t == 127).any() for t in theirs)  # saturated somewhere
+    for ours, th in zip(_quantize(c32.tensors[:2], tight), theirs):
+        np.testing.assert_array_equal(ours, th)
+
+
+def test_a_kv_scales_file_that_is_not_an_npz_is_refused_in_one_line(exports, tmp_path):
+    """A bare .npy under the name, and an .npz with a corrupt member: EdgespecError, not TypeError/BadZipFile."""
+    bad = tmp_path / "npy"
+    shutil.copytree(exports["int8"], bad)
+    m = json.loads((bad / "edgespec.json").read_text())
+    del m["files"]
+    (bad / "edgespec.json").write_text(json.dumps(m))
+    with open(bad / "target" / "kv_scales.npz", "wb") as f:
+        np.save(f, np.ones((1, 2, 1, 8), np.float32))
+    with pytest.raises(EdgespecError, match="KV scales"):
+        _lm(bad)
+    z = bytearray((exports["int8"] / "target" / "kv_scales.npz").read_bytes())
+    z[100] ^= 0xFF  # a member's CRC no longer matches (zipfile.BadZipFile on read)
+    (bad / "target" / "kv_scales.npz").write_bytes(bytes(z))
+    with pytest.raises(EdgespecError, match="unreadable KV scales"):
+        _lm(bad)
+
+
+def test_an_old_int8_export_with_an_int8_prefill_graph_still_loads_and_is_lossless(exports, tmp_path):
+    """A session-10 export: the prefill graph reads the int8 cache itself, no prefill_kv_cache or kv_scales."""
+    from export.kv_int8 import rewrite
+
+    old = tmp_path / "old"
+    shutil.copytree(exports["int8"], old)
+    m = json.loads((old / "edgespec.json").read_text())
+    del m["files"]
+    for role in ("target", "draft"):
+        lm = _lm(exports["int8"], role)
+        rewrite(old / role / "prefill.onnx", dict(zip(lm._past, lm.kv_scales)))
+        (old / role / "kv_scales.npz").unlink()
+        del m[role]["prefill_kv_cache"], m[role]["kv_scales"]
+    (old / "edgespec.json").write_text(json.dumps(m))
+    lm = _lm(old)
+    assert lm.kv_scales is None and lm.prefill_session is not None
+    c = lm.new_cache()
+    lm.forward(IDS[:100], c, keep=1, prefill=True)
+    assert c._float32 is None and c.length == 100
+    dec = SpecDecoder.load(old)
+    res = greedy_check(dec, IDS[:130], 24, k=3)
+    assert res["ok"], res

@@ -269,6 +269,9 @@ def _graph(d: Any, role: str) -> GraphSpec:
             raise _Invalid(f"{role}.prefill_kv_cache float32 beside an int8 kv_cache needs kv_scales")
         if Path(d["kv_scales"]).parent != Path(d["path"]).parent:
             raise _Invalid(f"{role}.kv_scales must name a file beside {role}.path, got {_show(d['kv_scales'])}")
+    elif d.get("kv_scales") is not None:  # accepted only where it is read
+        raise _Invalid(f"{role}.kv_scales needs prefill_kv_cache float32 beside an int8 kv_cache (nothing else "
+                       f"reads it)")
     d["quantization"] = Quantization(**_fields(d["quantization"], f"{role}.quantization", _QUANTIZATION))
     d["input_names"] = tuple(d["input_names"])
     d["output_names"] = tuple(d["output_names"])

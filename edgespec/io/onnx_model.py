@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -256,11 +257,14 @@ def load_kv_scales(path: Path, spec: GraphSpec, names: list[str]) -> list[np.nda
     """
     want = (1, spec.num_kv_heads, 1, spec.head_dim)
     try:
-        with np.load(path, allow_pickle=False) as z:
+        z = np.load(path, allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):  # a bare .npy array under the name
+            raise ValueError("not an .npz archive")
+        with z:
             scales = [np.asarray(z[n], dtype=np.float32) for n in names]
     except KeyError as e:
         raise EdgespecError(f"{path}: no KV scale {e} (export again)") from None
-    except (OSError, ValueError, EOFError) as e:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         raise EdgespecError(f"{path}: unreadable KV scales ({_first_line(e)}; export again)") from None
     for n, sc in zip(names, scales):
         if sc.shape != want or not np.all(np.isfinite(sc)) or not np.all(sc > 0):
