@@ -102,23 +102,30 @@ def test_a_prefill_quantizes_the_float32_prefill_graphs_rows_and_decodes_close_t
 
 def test_the_float32_copy_always_holds_the_int8_rows(exports):
     """The copy a prefill attends to equals the int8 cache dequantized, whether it was kept from the chunk
-    before or made again after a decode step dropped it: the next chunk's logits are bit-identical."""
+    before, brought up to date after a decode step (which marks its rows stale) or made again after being dropped:
+    the next chunk's logits are bit-identical."""
     lm = _lm(exports["int8"])
-    kept, remade = lm.new_cache(), lm.new_cache()
-    for c in (kept, remade):
+    kept, stepped, dropped = lm.new_cache(), lm.new_cache(), lm.new_cache()
+    for c in (kept, stepped, dropped):
         lm.forward(IDS[:100], c, keep=1, prefill=True)
     assert kept._float32 is not None
     scales = lm.kv_scales
     for f, q, s in zip(kept._float32.tensors, kept.tensors, scales):
         np.testing.assert_array_equal(f, q * s)
-    lm.forward([IDS[100]], remade)  # a step on the int8 graph: the copy is dropped
-    assert remade._float32 is None
-    remade.crop(100)
-    a = lm.forward(IDS[100:180], kept, keep=4, prefill=True)
-    b = lm.forward(IDS[100:180], remade, keep=4, prefill=True)
-    np.testing.assert_array_equal(a, b)
-    for x, y in zip(kept.tensors, remade.tensors):
-        np.testing.assert_array_equal(x, y)
+    lm.forward([IDS[100]], stepped)  # a step on the int8 graph writes row 100: the copy ends before it
+    assert stepped._float32.length == 100 and stepped.length == 101
+    stepped.crop(100)
+    dropped.drop_float32()
+    out = [lm.forward(IDS[100:180], c, keep=4, prefill=True) for c in (kept, stepped, dropped)]
+    for c in (stepped, dropped):
+        np.testing.assert_array_equal(out[0], out[1 if c is stepped else 2])
+        for x, y in zip(kept.tensors, c.tensors):
+            np.testing.assert_array_equal(x, y)
+    lm.forward(IDS[180:190], stepped)  # a short chunk on the int8 graph, then a prefill reads rows 180.. again
+    lm.forward(IDS[180:190], kept)
+    kept.drop_float32()
+    np.testing.assert_array_equal(lm.forward(IDS[190:260], stepped, keep=2, prefill=True),
+                                  lm.forward(IDS[190:260], kept, keep=2, prefill=True))
 
 
 def test_a_crop_shortens_the_copy_and_the_next_prefill_continues_from_it(exports):
@@ -298,3 +305,16 @@ def test_an_old_int8_export_with_an_int8_prefill_graph_still_loads_and_is_lossle
     dec = SpecDecoder.load(old)
     res = greedy_check(dec, IDS[:130], 24, k=3)
     assert res["ok"], res
+
+
+def test_a_finished_prefill_frees_the_float32_copy(exports):
+    """The decoder's prefill (forward_tokens, also cache_prefix for serve) leaves the int8 rows only."""
+    from edgespec.engine.decoder import forward_tokens
+
+    lm = _lm(exports["int8"])
+    c = lm.new_cache()
+    logits = forward_tokens(lm, IDS[:200], c)
+    assert c.length == 200 and c._float32 is None and np.isfinite(logits).all()
+    dec = SpecDecoder.load(exports["int8"])
+    dec.cache_prefix(IDS[:150])
+    assert dec.tcache.length >= 149 and dec.tcache._float32 is None

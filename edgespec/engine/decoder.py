@@ -49,10 +49,13 @@ def forward_tokens(lm, ids: list[int], cache) -> np.ndarray | None:
     """Run ``ids`` through ``lm`` after ``cache`` in prefill chunks of :data:`PREFILL_CHUNK` (the head on the
     last row only; chunks of ≥ 64 rows on the export's int8 prefill graph where it has one, see
     :meth:`~edgespec.io.onnx_model.OnnxLM.forward`); returns the last position's logits float32 (V,), or None
-    for no ids."""
+    for no ids. An int8 cache's float32 copy (the prefill graph's past) is freed at the end: a server idle after
+    a prompt keeps the int8 rows only."""
     logits = None
     for i in range(0, len(ids), PREFILL_CHUNK):
         logits = lm.forward(ids[i:i + PREFILL_CHUNK], cache, keep=1, prefill=True)
+    if getattr(cache, "_float32", None) is not None:
+        cache.drop_float32()
     return None if logits is None else logits[-1]
 
 

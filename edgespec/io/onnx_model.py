@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +21,7 @@ if hasattr(ort, "disable_telemetry_events"):  # also when onnxruntime was import
 from ..errors import EdgespecError
 from .integrity import check_graph
 from .kv_buffer import PreallocatedKV
+from .kv_int8_copy import Float32Copy, load_kv_scales
 from .manifest import GraphSpec
 from .pages import ReleaseWhileLoading, anonymous_zeros, release_file_pages
 
@@ -158,7 +158,7 @@ class KVCache:
         self.tensors = [np.take(t, idx, axis=2) for t in self.tensors]
 
 
-class InPlaceKVCache(PreallocatedKV):
+class InPlaceKVCache(PreallocatedKV, Float32Copy):
     """Graph format 3: one preallocated buffer per layer and kind, float32 (1, kv_heads, capacity, head_dim) (int8
     with ``dtype`` for an export whose ``kv_cache`` is int8),
     that is both the graph's past and its present (formerly ``SharedKVCache``, still importable by that name).
@@ -175,7 +175,7 @@ class InPlaceKVCache(PreallocatedKV):
         self.length = 0
         self._shape = (1, num_kv_heads, head_dim)
         self.dtype = np.dtype(dtype)  # float32, or int8 (GraphSpec.kv_cache: the graph quantizes what it writes)
-        self._float32: InPlaceKVCache | None = None  # an int8 cache's float32 copy while a prefill runs on it
+        self._float32 = None  # an int8 cache's float32 copy while a prefill runs on it (Float32Copy)
         self._alloc(min(capacity, max_length), 2 * num_layers)
 
     def _alloc(self, capacity: int, n: int, old: list[np.ndarray] | None = None) -> None:
@@ -202,74 +202,12 @@ class InPlaceKVCache(PreallocatedKV):
         if self._float32 is not None:
             self._float32.length = min(self._float32.length, n)  # rows from n on may have moved
 
-    def float32_copy(self, scales: list[np.ndarray]) -> "InPlaceKVCache":
-        """An int8 cache's valid rows dequantized, as a float32 :class:`InPlaceKVCache` of the same capacity: the
-        past of a prefill graph that attends in float32 (``GraphSpec.prefill_kv_cache``). ``scales`` float32
-        (1, kv_heads, 1, head_dim) per buffer (int8 q stands for q · scale). Kept while consecutive prefill
-        chunks run (only rows it lacks are dequantized); :meth:`drop_float32` frees it.
-
-        Raises:
-            EdgespecError: the cache is not int8.
-        """
-        if self.dtype != np.int8:
-            raise EdgespecError(f"a float32 copy is of an int8 KV cache, not a {self.dtype} one")
-        f = self._float32
-        if f is None or f.capacity < self.capacity:
-            b, kv, hd = self._shape
-            f = self._float32 = InPlaceKVCache(len(self.buffers) // 2, kv, hd, self.capacity, self.max_length)
-        start, end = min(f.length, self.length), self.length
-        for dst, src, scale in zip(f.buffers, self.buffers, scales):
-            dst[:, :, start:end] = src[:, :, start:end] * scale
-        f.length = end
-        return f
-
-    def store_from(self, f: "InPlaceKVCache", scales: list[np.ndarray]) -> None:
-        """Quantize the rows a float32 prefill wrote into ``f`` (:meth:`float32_copy`) past this cache's length,
-        q = clip(round(x / scale), −128, 127) as onnxruntime's GroupQueryAttention quantizes, into this cache, and write q · scale back into ``f`` so that its
-        rows stay exactly what the int8 cache holds (the next chunk attends to what decoding will read)."""
-        start, end = self.length, f.length
-        self.reserve(end)
-        for dst, src, scale in zip(self.buffers, f.buffers, scales):
-            q = np.clip(np.rint(src[:, :, start:end] / scale), -128, 127)
-            dst[:, :, start:end] = q
-            src[:, :, start:end] = q * scale
-        self.length = end
-
-    def drop_float32(self) -> None:
-        """Free the float32 copy (a graph that writes the int8 cache itself ran: the copy would go stale)."""
-        self._float32 = None
-
 
 SharedKVCache = InPlaceKVCache  # the former name ("shared": past and present share one buffer)
 
 CACHE_CAPACITY = 4096  # initial positions of a format-3 cache buffer; it doubles on demand up to the context
 _ALL_ROWS = np.zeros(1, dtype=np.int64)  # logits_keep = 0: every row
 PREFILL_GRAPH_ROWS = 64  # prefill chunks of at least this many rows run on the int8 prefill graph, when loaded
-
-
-def load_kv_scales(path: Path, spec: GraphSpec, names: list[str]) -> list[np.ndarray]:
-    """The int8 cache's per-channel scales of ``spec.kv_scales`` (an ``.npz``), float32 (1, kv_heads, 1,
-    head_dim) each, in the order of ``names`` (the graph's past inputs).
-
-    Raises:
-        EdgespecError: the file is unreadable, lacks a name, or holds a scale of another shape, or one that is
-            not finite and positive (export again).
-    """
-    want = (1, spec.num_kv_heads, 1, spec.head_dim)
-    try:
-        z = np.load(path, allow_pickle=False)
-        if not isinstance(z, np.lib.npyio.NpzFile):  # a bare .npy array under the name
-            raise ValueError("not an .npz archive")
-        with z:
-            scales = [np.asarray(z[n], dtype=np.float32) for n in names]
-    except KeyError as e:
-        raise EdgespecError(f"{path}: no KV scale {e} (export again)") from None
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise EdgespecError(f"{path}: unreadable KV scales ({_first_line(e)}; export again)") from None
-    for n, sc in zip(names, scales):
-        if sc.shape != want or not np.all(np.isfinite(sc)) or not np.all(sc > 0):
-            raise EdgespecError(f"{path}: the KV scale {n} is not finite, positive float32 {want} (export again)")
-    return scales
 
 
 def causal_mask(past: int, new: int) -> np.ndarray:
@@ -508,8 +446,8 @@ class OnnxLM:
             logits = self._run_in_place(session, feeds, shadow, p + t)
             cache.store_from(shadow, self.kv_scales)
         elif self.in_place:
-            if getattr(cache, "_float32", None) is not None:
-                cache.drop_float32()
+            if getattr(cache, "_float32", None) is not None:  # the graph writes rows p.. of the int8 cache itself
+                cache._float32.length = min(cache._float32.length, p)  # (re-read at the next float32 prefill)
             logits = self._run_in_place(session, feeds, cache, p + t)
         else:
             feeds.update(zip(self._past, cache.tensors))
