@@ -61,6 +61,16 @@ def test_the_prefill_graph_keeps_a_float32_cache_and_the_scales_are_the_graphs(e
     assert m32.target.prefill_kv_cache is None and m32.target.kv_scales is None
 
 
+def _editable_copy(src, dst):
+    """A copy of the export ``src`` at ``dst`` whose manifest lists no file hashes (the test edits files; their
+    presence is still checked); returns the manifest dict, already written back."""
+    shutil.copytree(src, dst)
+    m = json.loads((dst / "edgespec.json").read_text())
+    del m["files"]
+    (dst / "edgespec.json").write_text(json.dumps(m))
+    return m
+
+
 def _lm(d, role="target"):
     return om.OnnxLM(getattr(load_manifest(d), role), d)
 
@@ -155,11 +165,8 @@ def test_the_decoder_is_lossless_on_it(exports):
 def test_bad_scales_and_fields_are_refused_in_one_line(exports, tmp_path):
     src = exports["int8"]
     bad = tmp_path / "bad"
-    shutil.copytree(src, bad)
-    m = json.loads((bad / "edgespec.json").read_text())
-    del m["files"]  # this test edits files; presence is still checked
+    m = _editable_copy(src, bad)
     np.savez(bad / "target" / "kv_scales.npz", nothing=np.ones(1, np.float32))
-    (bad / "edgespec.json").write_text(json.dumps(m))
     with pytest.raises(EdgespecError, match="no KV scale") as e:
         _lm(bad)
     assert "\n" not in str(e.value)
@@ -186,10 +193,7 @@ def test_a_prefill_graph_of_the_wrong_cache_type_is_refused(exports, tmp_path):
     """The manifest says the prefill graph's cache is float32; an int8-cache prefill graph in its place (an older
     export's files) is refused where it loads."""
     bad = tmp_path / "swapped"
-    shutil.copytree(exports["int8"], bad)
-    m = json.loads((bad / "edgespec.json").read_text())
-    del m["files"]
-    (bad / "edgespec.json").write_text(json.dumps(m))
+    m = _editable_copy(exports["int8"], bad)
     from export.kv_int8 import rewrite
 
     lm = _lm(exports["int8"])
@@ -248,10 +252,7 @@ def test_the_runtime_saturates_as_onnxruntime_does(exports, tmp_path):
     from export.kv_int8 import rewrite
 
     d = tmp_path / "tight"
-    shutil.copytree(exports["int8"], d)
-    m = json.loads((d / "edgespec.json").read_text())
-    del m["files"]
-    (d / "edgespec.json").write_text(json.dumps(m))
+    m = _editable_copy(exports["int8"], d)
     lm = _lm(exports["int8"])
     tight = [sc / 16 for sc in lm.kv_scales]
     rewrite(exports["float32"] / "target" / "model.onnx", dict(zip(lm._past, tight)), d / "target" / "model.onnx")
@@ -268,10 +269,7 @@ def test_the_runtime_saturates_as_onnxruntime_does(exports, tmp_path):
 def test_a_kv_scales_file_that_is_not_an_npz_is_refused_in_one_line(exports, tmp_path):
     """A bare .npy under the name, and an .npz with a corrupt member: EdgespecError, not TypeError/BadZipFile."""
     bad = tmp_path / "npy"
-    shutil.copytree(exports["int8"], bad)
-    m = json.loads((bad / "edgespec.json").read_text())
-    del m["files"]
-    (bad / "edgespec.json").write_text(json.dumps(m))
+    m = _editable_copy(exports["int8"], bad)
     with open(bad / "target" / "kv_scales.npz", "wb") as f:
         np.save(f, np.ones((1, 2, 1, 8), np.float32))
     with pytest.raises(EdgespecError, match="KV scales"):
@@ -288,9 +286,7 @@ def test_an_old_int8_export_with_an_int8_prefill_graph_still_loads_and_is_lossle
     from export.kv_int8 import rewrite
 
     old = tmp_path / "old"
-    shutil.copytree(exports["int8"], old)
-    m = json.loads((old / "edgespec.json").read_text())
-    del m["files"]
+    m = _editable_copy(exports["int8"], old)
     for role in ("target", "draft"):
         lm = _lm(exports["int8"], role)
         rewrite(old / role / "prefill.onnx", dict(zip(lm._past, lm.kv_scales)))
