@@ -5,6 +5,12 @@ class EdgespecError(Exception):
     """An error caused by the user's input or environment; the CLI prints ``str(err)`` on one line."""
 
 
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none), for one-line errors."""
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
 class EdgespecWarning(UserWarning):
     """Something the user should know that does not stop the run (e.g. an unwritable cache); the CLI prints
     ``edgespec: warning: <message>`` on one line."""

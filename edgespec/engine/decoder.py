@@ -54,7 +54,7 @@ def forward_tokens(lm, ids: list[int], cache) -> np.ndarray | None:
     logits = None
     for i in range(0, len(ids), PREFILL_CHUNK):
         logits = lm.forward(ids[i:i + PREFILL_CHUNK], cache, keep=1, prefill=True)
-    if getattr(cache, "_float32", None) is not None:
+    if hasattr(cache, "drop_float32"):  # an in-place cache (formats 1-2 and 4 have no copy)
         cache.drop_float32()
     return None if logits is None else logits[-1]
 

@@ -53,8 +53,6 @@ class PreallocatedKV:
         if any(t.dtype != buf.dtype for buf, t in zip(self.buffers, tensors)):
             raise EdgespecError(f"a KV cache of {self.buffers[0].dtype} cannot load {tensors[0].dtype} tensors")
         self.length = 0
-        if getattr(self, "_float32", None) is not None:  # an int8 cache's float32 copy would go stale
-            self._float32 = None
         self.reserve(p)
         for buf, t in zip(self.buffers, tensors):
             buf[:, :, :p] = t

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import EdgespecError
+from ..errors import EdgespecError, first_line
 from .manifest import GraphSpec
 
 
@@ -50,8 +50,9 @@ class Float32Copy:
 
     def store_from(self, f: Float32Copy, scales: list[np.ndarray]) -> None:
         """Quantize the rows a float32 prefill wrote into ``f`` (:meth:`float32_copy`) past this cache's length,
-        q = clip(round(x / scale), −128, 127) as onnxruntime's GroupQueryAttention quantizes, into this cache, and write q · scale back into ``f`` so that its
-        rows stay exactly what the int8 cache holds (the next chunk attends to what decoding will read)."""
+        q = clip(round(x / scale), −128, 127) as onnxruntime's GroupQueryAttention quantizes, into this cache,
+        and write q · scale back into ``f`` so that its rows stay exactly what the int8 cache holds (the next chunk
+        attends to what decoding will read)."""
         start, end = self.length, f.length
         self.reserve(end)
         for dst, src, scale in zip(self.buffers, f.buffers, scales):
@@ -60,15 +61,16 @@ class Float32Copy:
             src[:, :, start:end] = q * scale
         self.length = end
 
+    def stale_from(self, n: int) -> None:
+        """Rows from ``n`` on of the int8 cache changed (a crop, a scattered keep, a graph that writes the int8 cache
+        itself): the copy keeps only the rows before them (the next :meth:`float32_copy` re-reads the rest)."""
+        if self._float32 is not None:
+            self._float32.length = min(self._float32.length, n)
+
     def drop_float32(self) -> None:
         """Free the float32 copy (the decoder's prefill does at its end: an idle cache keeps its int8 rows only;
         a decode step only marks its rows stale, so a draft's catch-ups re-read just the rows written since)."""
         self._float32 = None
-
-
-def _first_line(e: Exception) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else type(e).__name__
 
 
 def load_kv_scales(path: Path, spec: GraphSpec, names: list[str]) -> list[np.ndarray]:
@@ -89,7 +91,7 @@ def load_kv_scales(path: Path, spec: GraphSpec, names: list[str]) -> list[np.nda
     except KeyError as e:
         raise EdgespecError(f"{path}: no KV scale {e} (export again)") from None
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise EdgespecError(f"{path}: unreadable KV scales ({_first_line(e)}; export again)") from None
+        raise EdgespecError(f"{path}: unreadable KV scales ({first_line(e)}; export again)") from None
     for n, sc in zip(names, scales):
         if sc.shape != want or not np.all(np.isfinite(sc)) or not np.all(sc > 0):
             raise EdgespecError(f"{path}: the KV scale {n} is not finite, positive float32 {want} (export again)")

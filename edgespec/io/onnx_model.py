@@ -18,7 +18,7 @@ import onnxruntime as ort
 if hasattr(ort, "disable_telemetry_events"):  # also when onnxruntime was imported before edgespec set the opt-out
     ort.disable_telemetry_events()
 
-from ..errors import EdgespecError
+from ..errors import EdgespecError, first_line
 from .integrity import check_graph
 from .kv_buffer import PreallocatedKV
 from .kv_int8_copy import Float32Copy, load_kv_scales
@@ -113,19 +113,14 @@ def open_session(path: Path, provider: str = "cpu", provider_options: dict | Non
             return ort.InferenceSession(str(path), session_options(threads, cpu=False, memory=memory),
                                         providers=[(full, options), CPU])
         except Exception as e:  # onnxruntime raises its own types; a provider may also reject its options
-            why = f"{provider!r} rejected {path.name} ({_first_line(e)})"
+            why = f"{provider!r} rejected {path.name} ({first_line(e)})"
     if why:
         _notice(why)
     try:
         return ort.InferenceSession(str(path), session_options(threads, memory=memory),
                                     providers=[(CPU, options)] if not why else [CPU])
     except Exception as e:
-        raise EdgespecError(f"{path}: onnxruntime cannot load this graph ({_first_line(e)})") from None
-
-
-def _first_line(e: Exception) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else type(e).__name__
+        raise EdgespecError(f"{path}: onnxruntime cannot load this graph ({first_line(e)})") from None
 
 
 class KVCache:
@@ -175,7 +170,6 @@ class InPlaceKVCache(PreallocatedKV, Float32Copy):
         self.length = 0
         self._shape = (1, num_kv_heads, head_dim)
         self.dtype = np.dtype(dtype)  # float32, or int8 (GraphSpec.kv_cache: the graph quantizes what it writes)
-        self._float32 = None  # an int8 cache's float32 copy while a prefill runs on it (Float32Copy)
         self._alloc(min(capacity, max_length), 2 * num_layers)
 
     def _alloc(self, capacity: int, n: int, old: list[np.ndarray] | None = None) -> None:
@@ -199,8 +193,12 @@ class InPlaceKVCache(PreallocatedKV, Float32Copy):
             for buf in self.buffers:
                 buf[:, :, n:n + len(keep)] = buf[:, :, idx]  # fancy indexing copies first: overlap is safe
         self.length = min(self.length, n + len(keep))
-        if self._float32 is not None:
-            self._float32.length = min(self._float32.length, n)  # rows from n on may have moved
+        self.stale_from(n)  # rows from n on may have moved (an int8 cache's float32 copy)
+
+    def load(self, tensors: list[np.ndarray]) -> None:
+        """:meth:`PreallocatedKV.load`; an int8 cache's float32 copy is dropped (every row changes)."""
+        self.drop_float32()
+        super().load(tensors)
 
 
 SharedKVCache = InPlaceKVCache  # the former name ("shared": past and present share one buffer)
@@ -446,8 +444,7 @@ class OnnxLM:
             logits = self._run_in_place(session, feeds, shadow, p + t)
             cache.store_from(shadow, self.kv_scales)
         elif self.in_place:
-            if getattr(cache, "_float32", None) is not None:  # the graph writes rows p.. of the int8 cache itself
-                cache._float32.length = min(cache._float32.length, p)  # (re-read at the next float32 prefill)
+            cache.stale_from(p)  # the graph writes rows p.. of an int8 cache itself (its float32 copy re-reads them)
             logits = self._run_in_place(session, feeds, cache, p + t)
         else:
             feeds.update(zip(self._past, cache.tensors))
