@@ -51,14 +51,21 @@ DEFAULT_MODE = "adaptive+lookup"  # edgespec serve's and generate's default: loo
 
 
 class EdgespecRunner:
-    """One edgespec bench mode on a loaded decoder whose stop ids include the FIM ones."""
+    """One edgespec bench mode on a loaded decoder whose stop ids include the FIM ones. A mode name may end with
+    ``@w<N>``: the draft reads a FIM prompt of about N tokens around the cursor (``@w0``: the whole prompt);
+    without it, the window ``edgespec serve`` and ``complete`` use (edgespec.apps.fim.DRAFT_WINDOW)."""
 
     runtime = EDGESPEC
 
-    def __init__(self, dec, mode_name: str):
+    def __init__(self, dec, mode_name: str, fim):
+        from edgespec.apps.fim import DRAFT_WINDOW
         from edgespec.bench.runner import Mode
 
-        self.dec, self.mode, self.mode_name = dec, Mode.parse(mode_name), mode_name
+        base, _, w = mode_name.partition("@w")
+        if _ and not w.isdigit():
+            raise EdgespecError(f"mode {mode_name!r}: @w needs a number of tokens (e.g. @w256)")
+        self.window = int(w) if _ else DRAFT_WINDOW
+        self.dec, self.mode, self.mode_name, self.fim = dec, Mode.parse(base), mode_name, fim
         self.policy = self.mode.controller(dec) if self.mode.k is None and self.mode.proposers else None
 
     def run(self, task: Task, ids: list[int], n: int) -> dict:
@@ -71,7 +78,15 @@ class EdgespecRunner:
         detok = IncrementalDetokenizer(d.tokenizer)
         text, first_ms = [], None
         t0 = time.perf_counter()
-        for toks, _ in d.generate_ids(ids, self.mode.options(n, 0.0, 0), self.policy, stats):
+        from edgespec.apps.fim import FimPrompt, build_draft_ids
+        from edgespec.engine.generation import GenerationOptions
+
+        options = self.mode.options(n, 0.0, 0)
+        draft_ids = build_draft_ids(d.tokenizer, lambda: d.plain_tokenizer, self.fim, FimPrompt(task.prefix, task.suffix),
+                                    self.window) if any(p in ("draft", "tree") for p in options.proposers) else None
+        if draft_ids is not None:
+            options = GenerationOptions.with_fields(options, {"draft_prompt": tuple(draft_ids)})
+        for toks, _ in d.generate_ids(ids, options, self.policy, stats):
             if first_ms is None:
                 first_ms = (time.perf_counter() - t0) * 1e3
             text.append(detok.push(toks))
@@ -81,7 +96,9 @@ class EdgespecRunner:
         return {"completion": "".join(text), "prompt_tokens": len(ids), "new_tokens": s.new_tokens,
                 "ttft_ms": first_ms, "latency_ms": latency_ms, "decode_tok_s": s.decode_tokens_per_s,
                 "alpha": s.alpha if self.mode.proposers else None, "accepted": s.accepted,
-                "drafted": s.proposed, "stop": s.stop_reason}
+                "drafted": s.proposed, "stop": s.stop_reason,
+                "draft_prompt_tokens": len(draft_ids) if draft_ids is not None else None,
+                "draft_ms": s.draft_ms}
 
 
 class LlamaInfillRunner:
@@ -237,7 +254,7 @@ def run(args) -> dict:
     if fim is None:
         raise EdgespecError(f"{export}: the export's tokenizer has no FIM tokens")
     dec.stop_ids = dec.stop_ids | fim.stop_ids
-    es = [EdgespecRunner(dec, m) for m in modes]  # ValueError on a bad mode name
+    es = [EdgespecRunner(dec, m, fim) for m in modes]  # ValueError on a bad mode name
     for proposers in ((), ("draft",)):  # warm-up: first runs allocate
         dec.generate("Hello", max_new_tokens=4, k=2, proposers=proposers).run()
     if any(r.policy is not None for r in es):

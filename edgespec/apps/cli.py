@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("complete", help="fill in the middle: code before and after the cursor (FIM models)")
     _add_generation_options(p)
-    from .fim_cli import add_arguments
+    from .fim_cli import add_arguments, add_draft_window
 
     add_arguments(p)
 
@@ -96,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=flags.nonneg_int, default=8,
                    help="requests that may wait while one generates; more get 429 (default %(default)s)")
     p.add_argument("--max-body-bytes", type=flags.pos_int, default=4 << 20, help="larger request bodies get 413")
+    add_draft_window(p)
     p.add_argument("--infill-samplers", choices=("refuse", "server"), default="refuse",
                    help="/infill requests whose `samplers` list names one edgespec lacks (llama.cpp's `infill`, "
                         "sent by llama.vscode and llama.vim): refuse them (400, default), or sample them with the "
@@ -210,6 +211,7 @@ def _cmd_serve(a) -> int:
     dec = _load(a)
     engine = serve.Engine(dec, _gen_kwargs(a, dec), a.max_queue, a.max_new_tokens)
     engine.infill_samplers = a.infill_samplers
+    engine.fim_draft_window = a.draft_window
     return serve.serve(engine, sock, a.max_body_bytes)
 
 

@@ -85,6 +85,19 @@ class FimPrompt:
     filename: str = DEFAULT_FILENAME
 
 
+def _encoder(tokenizer, plain):
+    """text → ids (int) as plain text: with ``plain()``'s tokenizer where the text holds an added token's text."""
+    added = [t.content for t in tokenizer.get_added_tokens_decoder().values() if t.content]
+
+    def enc(text: str) -> list[int]:
+        if not text:
+            return []
+        tok = plain() if any(a in text for a in added) else tokenizer
+        return tok.encode(text, add_special_tokens=False).ids
+
+    return enc
+
+
 def build_ids(tokenizer, plain, tokens: FimTokens, p: FimPrompt) -> list[int]:
     """The token ids (int) of the FIM prompt for ``p`` (the module docstring's layout: file-level without extra
     files; with them repo-level, or, without the repo-level tokens, their text first, unmarked, as llama.cpp).
@@ -96,14 +109,7 @@ def build_ids(tokenizer, plain, tokens: FimTokens, p: FimPrompt) -> list[int]:
         ValueError: the prompt would be empty (no prefix, suffix, files or prompt text is fine: the FIM
             markers alone are a prompt).
     """
-    added = [t.content for t in tokenizer.get_added_tokens_decoder().values() if t.content]
-
-    def enc(text: str) -> list[int]:
-        if not text:
-            return []
-        tok = plain() if any(a in text for a in added) else tokenizer
-        return tok.encode(text, add_special_tokens=False).ids
-
+    enc = _encoder(tokenizer, plain)
     ids: list[int] = []
     if p.extra and tokens.repo_level:
         ids += [tokens.repo_name] + enc(p.repo + "\n")
@@ -115,6 +121,39 @@ def build_ids(tokenizer, plain, tokens: FimTokens, p: FimPrompt) -> list[int]:
             ids += enc(text if not text or text.endswith("\n") else text + "\n")
     ids += [tokens.prefix] + enc(p.prefix) + [tokens.suffix] + enc(p.suffix) + [tokens.middle] + enc(p.prompt)
     return ids
+
+
+DRAFT_WINDOW = 256  # tokens of the draft's FIM prompt (:func:`build_draft_ids`); 0: the draft reads the whole prompt
+
+
+def build_draft_ids(tokenizer, plain, tokens: FimTokens, p: FimPrompt, window: int = DRAFT_WINDOW) -> list[int] | None:
+    """The draft model's FIM prompt (token ids) for ``p``: the file-level layout over the code around the cursor,
+    about ``window`` tokens of it, or None when that is not shorter than :func:`build_ids`'s prompt (or
+    ``window`` is 0). The draft reads it in place of the target's prompt
+    (:attr:`~edgespec.engine.generation.GenerationOptions.draft_prompt`), so its catch-up before it can
+    draft is ``window`` tokens, not the whole file; losslessness does not depend on it (any q is exact under
+    the accept/reject rule), only alpha.
+
+    Three quarters of the window go to the end of the prefix, one quarter to the start of the suffix; other
+    files are left out. The prefix's cut moves in steps of a quarter of its share, so that consecutive
+    keystrokes' prompts (the prefix growing at its end) share the draft's cached rows, as the target's.
+    ``plain`` as for :func:`build_ids`.
+
+    Raises:
+        ValueError: ``window`` < 0.
+    """
+    if window < 0:
+        raise ValueError(f"the draft's FIM window must be ≥ 0 tokens, got {window}")
+    if window == 0:
+        return None
+    full = build_ids(tokenizer, plain, tokens, p)
+    enc = _encoder(tokenizer, plain)
+    before, after = enc(p.prefix), enc(p.suffix)
+    n_before = window - window // 4
+    step = max(1, n_before // 4)
+    cut = max(0, len(before) - n_before) // step * step
+    ids = [tokens.prefix] + before[cut:] + [tokens.suffix] + after[:window // 4] + [tokens.middle] + enc(p.prompt)
+    return ids if len(ids) < len(full) else None
 
 
 class MiddleCutter:

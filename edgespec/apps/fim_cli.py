@@ -9,8 +9,19 @@ import sys
 from pathlib import Path
 
 from ..errors import EdgespecError
-from .fim import DEFAULT_FILENAME, DEFAULT_REPO, FimPrompt, MiddleCutter, build_ids, fim_tokens
+from .fim import DEFAULT_FILENAME, DEFAULT_REPO, DRAFT_WINDOW, FimPrompt, MiddleCutter, build_draft_ids, build_ids, \
+    fim_tokens
 from ..core.stats import format_stats
+
+
+def add_draft_window(p) -> None:
+    """``--draft-window``: the tokens of the draft's FIM prompt (:func:`~edgespec.apps.fim.build_draft_ids`)."""
+    from ..engine import flags
+
+    p.add_argument("--draft-window", type=flags.nonneg_int, default=DRAFT_WINDOW, metavar="TOKENS",
+                   help="fill-in-the-middle: the draft model reads about this many tokens around the cursor "
+                        "instead of the whole prompt (a shorter catch-up; the output is the same); 0: the whole "
+                        "prompt (default %(default)s)")
 
 
 def add_arguments(p) -> None:
@@ -27,6 +38,7 @@ def add_arguments(p) -> None:
     p.add_argument("--n-indent", type=int, default=0,
                    help="stop at a line (after the first) indented by fewer characters (0: off)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the middle and stats")
+    add_draft_window(p)
 
 
 def _read(path: str, what: str, stdin) -> str:
@@ -74,17 +86,21 @@ def run_complete(a, load, gen_kwargs, stdin) -> int:
     if tokens is None:
         raise EdgespecError("this export has no fill-in-the-middle tokens (<|fim_prefix|>, <|fim_suffix|>, "
                             "<|fim_middle|>) in its tokenizer; use a FIM model such as Qwen2.5-Coder")
-    ids = build_ids(dec.tokenizer, lambda: dec.plain_tokenizer, tokens,
-                    FimPrompt(prefix, suffix, extra, repo=a.repo_name, filename=a.file_name))
+    fp = FimPrompt(prefix, suffix, extra, repo=a.repo_name, filename=a.file_name)
+    ids = build_ids(dec.tokenizer, lambda: dec.plain_tokenizer, tokens, fp)
     if len(ids) >= dec.context_length:
         raise EdgespecError(f"the FIM prompt is {len(ids)} tokens; the context holds {dec.context_length}")
     dec.stop_ids = dec.stop_ids | tokens.stop_ids  # the middle ends at <|fim_pad|> and <|file_sep|> too
     kw = gen_kwargs(a, dec)
     room = dec.context_length - len(ids)
-    if kw["options"].max_new_tokens > room:
-        from ..engine.generation import GenerationOptions
+    from ..engine.generation import GenerationOptions
 
+    if kw["options"].max_new_tokens > room:
         kw["options"] = GenerationOptions.with_fields(kw["options"], {"max_new_tokens": room})
+    draft_ids = build_draft_ids(dec.tokenizer, lambda: dec.plain_tokenizer, tokens, fp, a.draft_window) \
+        if dec.draft_model is not None else None
+    if draft_ids is not None:
+        kw["options"] = GenerationOptions.with_fields(kw["options"], {"draft_prompt": tuple(draft_ids)})
     g = dec.generate(input_ids=ids, **kw)
     cutter = MiddleCutter(tuple(s for s in a.stop if s), a.n_indent)
     out = []

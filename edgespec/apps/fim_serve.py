@@ -15,14 +15,14 @@ import asyncio
 import json
 import time
 
-from .fim import FimPrompt, MiddleCutter, build_ids, fim_tokens
+from .fim import DRAFT_WINDOW, FimPrompt, MiddleCutter, build_draft_ids, build_ids, fim_tokens
 from .fim_api import (completion_suffix, infill_object, llama_timings, ollama_chunk, ollama_done, ollama_tags,
                       parse_infill, parse_ollama_generate)
 from .openai_api import RequestError, extension_object
 from .serve_job import Job, read_json, wait_disconnect
 from ..core.stats import GenerationStats
 
-__all__ = ["completion_suffix", "routes", "suffix_ids", "mark_fim", "evaluate_only"]
+__all__ = ["completion_suffix", "routes", "suffix_ids", "mark_fim", "draft_view", "evaluate_only"]
 
 
 def _tokens(engine):
@@ -41,6 +41,19 @@ def fim_ids(engine, p: FimPrompt) -> list[int]:
     return build_ids(d.tokenizer, lambda: d.plain_tokenizer, _tokens(engine), p)
 
 
+def draft_view(engine, p: FimPrompt, job) -> None:
+    """Let ``job``'s draft read the FIM prompt ``p`` cut to the code around the cursor
+    (:func:`~edgespec.apps.fim.build_draft_ids`, ``engine.fim_draft_window`` tokens: ``serve --draft-window``)
+    where the server has a draft model; the answer is the same either way, only the draft's catch-up is shorter."""
+    d = engine.decoder
+    window = getattr(engine, "fim_draft_window", DRAFT_WINDOW)
+    if d.draft_model is None or not window:
+        return
+    ids = build_draft_ids(d.tokenizer, lambda: d.plain_tokenizer, _tokens(engine), p, window)
+    if ids is not None:
+        job.overrides["draft_prompt"] = tuple(ids)
+
+
 def suffix_ids(engine, req, suffix: str) -> list[int]:
     """``POST /v1/completions`` with ``suffix``: the FIM prompt of ``prompt`` (before) and ``suffix`` (after)."""
     if req.prompt is None:
@@ -57,7 +70,7 @@ def mark_fim(engine, job) -> None:
 def evaluate_only(d, job, cached: int, queue_ms: float) -> str:
     """Worker side of ``n_predict`` 0: prefill the prompt into both caches, generate nothing."""
     t0 = time.perf_counter()
-    d.cache_prefix(job.ids)
+    d.cache_prefix(job.ids, job.overrides.get("draft_prompt"))
     ms = (time.perf_counter() - t0) * 1e3
     stats = GenerationStats(mode="plain", prompt_tokens=len(job.ids), prefill_ms=ms, wall_ms=ms,
                             stop_reason="max_new_tokens")
@@ -144,6 +157,8 @@ def routes(engine, max_body_bytes: int) -> list:
         client = request.client.host if replace and req.cache_prompt and request.client else None
         job = _job(engine, req, ids, asyncio.get_running_loop(), client, stop_ids)
         job.samplers_replaced = req.samplers_replaced
+        if req.fim is not None:
+            await run_in_threadpool(draft_view, engine, req.fim, job)
         engine.submit(job)
         return req, job
 

@@ -237,6 +237,8 @@ def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):
             job = _job_for(engine, req, ids, asyncio.get_running_loop())
             if suffix is not None:
                 fim_serve.mark_fim(engine, job)
+                await run_in_threadpool(fim_serve.draft_view, engine,
+                                        fim_serve.FimPrompt(prefix=req.prompt, suffix=suffix), job)
             engine.submit(job)
         except RequestError as e:
             return error(e)

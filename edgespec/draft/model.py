@@ -4,8 +4,16 @@ generation's draft-side logits processing, its catch-up and its rollback.
 Proposers that draft (:mod:`.chain`, :mod:`.tree`) reach it through their context
 (:attr:`~edgespec.draft.base.DraftContext.draft`); the decoder rolls it back with :meth:`DraftModel.keep` and
 catches it up with :meth:`DraftModel.catch_up`, each at one place of the round. Its cache holds positions
-0..Ld-1 of the committed tokens with Ld ≤ L, the target's length: it lags after plain steps, rounds of other
-proposers or full acceptance, and reads what it lags in the first feed of its next proposal (:meth:`lead`).
+0..Ld-1 of its *view* of the committed tokens (:meth:`DraftModel.view`) with Ld ≤ its view's L: it lags after
+plain steps, rounds of other proposers or full acceptance, and reads what it lags in the first feed of its next
+proposal (:meth:`lead`).
+
+The view is the committed tokens themselves, or, for a generation given a draft prompt
+(:meth:`DraftModel.set_prompt`), that prompt in place of the target's prompt, followed by every token after it:
+e.g. a fill-in-the-middle prompt cut to the code around the cursor, which the draft reads in a fraction of the
+time. Losslessness does not depend on what the draft reads: the accept/reject rule (Leviathan et al. 2023,
+Alg. 1; Chen et al. 2023, Alg. 2) takes any q, as long as q is the distribution the proposal was drawn from,
+which it is here; only the acceptance rate alpha changes.
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ class DraftModel:
         self.lm, self.width, self.kept_ids = lm, int(width), kept_ids
         self.processor: Pipeline | None = None
         self.cache = lm.new_cache()
+        # (the draft's prompt, the target's prompt) of the running view, or None: the view is the committed tokens
+        self.prompts: tuple[list[int], list[int]] | None = None
 
     @classmethod
     def load(cls, lm: OnnxLM, width: int) -> "DraftModel":
@@ -47,11 +57,49 @@ class DraftModel:
         return cls(lm, width, kept)
 
     def reset(self) -> None:
-        """An empty cache."""
+        """An empty cache; the view is the committed tokens."""
         self.cache = self.lm.new_cache()
+        self.prompts = None
+
+    def view(self, tokens: Sequence[int]) -> list[int] | Sequence[int]:
+        """What the draft reads for the committed ``tokens`` (which start with the target's prompt while a
+        draft prompt is set): the draft prompt + ``tokens`` after the target's prompt, else ``tokens``."""
+        if self.prompts is None:
+            return tokens
+        mine, theirs = self.prompts
+        return mine + list(tokens[len(theirs):])
+
+    def lag(self, tokens: Sequence[int]) -> int:
+        """How many tokens of its view of ``tokens`` the draft has not read (``last`` included)."""
+        return len(self.view(tokens)) - self.cache.length
+
+    def set_prompt(self, old_tokens: Sequence[int], prompt: Sequence[int],
+                   draft_prompt: Sequence[int] | None = None) -> None:
+        """Start a generation from ``prompt`` (int token ids; the draft reads ``draft_prompt`` in its place,
+        or the prompt itself when None). The cache keeps what it holds of its view of ``old_tokens`` (the
+        committed tokens until now) that the new view shares, at most all of it but its last token."""
+        old = self.view(old_tokens)
+        self.prompts = (list(draft_prompt), list(prompt)) if draft_prompt is not None else None
+        new = self.view(prompt)
+        n = 0
+        for a, b in zip(old[:min(self.cache.length, len(new) - 1)], new):
+            if a != b:
+                break
+            n += 1
+        self.cache.crop(n)
 
     def keep(self, n: int) -> None:
-        """Roll back: keep at most the first ``n`` cached positions."""
+        """Roll back to the first ``n`` committed tokens: keep at most the draft's positions of them. Below the
+        end of the target's prompt a draft prompt no longer applies: the view becomes the committed tokens and
+        the cache keeps what the two prompts share of those ``n``."""
+        if self.prompts is not None:
+            mine, theirs = self.prompts
+            if n < len(theirs):
+                self.prompts = None
+                shared = next((i for i, (a, b) in enumerate(zip(mine, theirs[:n])) if a != b), min(len(mine), n))
+                n = shared
+            else:
+                n += len(mine) - len(theirs)
         self.cache.crop(min(self.cache.length, n))
 
     def forward(self, ids, positions: np.ndarray | None = None, mask: np.ndarray | None = None,
@@ -65,7 +113,7 @@ class DraftModel:
         the last row's logits float32 (1, V_d). Its time (ms) goes to ``prop``: a one-token feed is a draft step,
         a longer one the catch-up of all but one token (which also drafted the first token); a catch-up of
         ≥ 64 rows runs on the draft's int8 prefill graph where the export has one (``--draft-prefill-int8``)."""
-        feed = tokens[self.cache.length:]
+        feed = self.view(tokens)[self.cache.length:]
         t0 = time.perf_counter()
         logits = self.lm.forward(feed, self.cache, keep=1, prefill=True)
         ms = (time.perf_counter() - t0) * 1e3
@@ -79,8 +127,8 @@ class DraftModel:
         """Feed up to ``m`` of the committed ``tokens`` the draft has not read, the newest excluded (it stays
         for the next proposal's first feed; ≥ 64 of them on the int8 prefill graph, as :meth:`lead`); returns
         (ms, tokens fed)."""
-        start = self.cache.length
-        feed = tokens[start:min(start + m, len(tokens) - 1)]
+        start, seen = self.cache.length, self.view(tokens)
+        feed = seen[start:min(start + m, len(seen) - 1)]
         t0 = time.perf_counter()
         if feed:
             self.lm.forward(feed, self.cache, keep=1, prefill=True)

@@ -38,7 +38,7 @@ class DraftTree(Proposer):
         tree = TokenTree()
         prop = Proposal(tree)
         logits = draft.lead(tokens, prop)  # reads what the draft lags, `last` included
-        committed = draft.cache.length  # = L + 1: everything up to and including `last`
+        committed = draft.cache.length  # everything of its view up to and including `last` (L + 1 without a draft prompt)
         frontier, score, slot = [-1], {-1: 1.0}, {}
         for depth in range(1, shape.depth + 1):
             level = []
@@ -67,7 +67,7 @@ class DraftTree(Proposer):
                     a = tree.parents[a]
                 mask[0, 0, j, start + j] = True
                 slot[c] = start + j
-            pos = np.array([L + tree.depth[c] for c in frontier], dtype=np.int64)
+            pos = np.array([committed - 1 + tree.depth[c] for c in frontier], dtype=np.int64)  # its view's
             t0 = time.perf_counter()
             logits = draft.forward([tree.tokens[c] for c in frontier], pos, mask)
             prop.draft_step_ms.append((time.perf_counter() - t0) * 1e3)

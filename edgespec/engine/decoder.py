@@ -209,13 +209,16 @@ class SpecDecoder:
         ``ids`` reuses rather than prefills (at most len(ids) - 1: the last prompt token is always run)."""
         return min(common_prefix(self.tokens, ids), len(ids) - 1, self.tcache.length)
 
-    def cache_prefix(self, ids: list[int]) -> None:
+    def cache_prefix(self, ids: list[int], draft_prompt: list[int] | None = None) -> None:
         """Prefill a prefix that later prompts share (a fixed system prompt) into both caches ahead of time,
         so that the next generation whose prompt starts with ``ids`` pays only for the rest, and the draft has
         no prompt of its own to catch up on but the rest. What is cached of ``ids`` already is kept.
 
         Afterwards ``tokens`` = ``ids`` (int64 ids, each < the tokenizer's width) and both caches hold
-        positions 0..len(ids)-2: ``ids[-1]`` is ``last``, as after a round.
+        positions 0..len(ids)-2: ``ids[-1]`` is ``last``, as after a round. ``draft_prompt`` (token ids, or None:
+        ``ids``): what the draft reads in place of ``ids``, as for a generation
+        (:attr:`~edgespec.engine.generation.GenerationOptions.draft_prompt`); its cache then holds all of it but
+        its last token.
 
         Raises:
             ValueError: ``ids`` empty, not token ids, or not shorter than the context.
@@ -224,25 +227,30 @@ class SpecDecoder:
         if not ids or len(ids) >= self.context_length:
             raise ValueError(f"a cached prefix needs 1..{self.context_length - 1} tokens, got {len(ids)}")
         keep = min(common_prefix(self.tokens, ids), len(ids) - 1)
+        if draft_prompt is not None and not 0 < len(draft_prompt) <= len(ids):
+            raise ValueError(f"a draft prompt needs 1..{len(ids)} tokens, got {len(draft_prompt)}")
+        dm = self.draft_model
+        if dm is not None:  # what its view of the tokens until now shares with its view of ids
+            dm.set_prompt(self.tokens, ids, self.check_ids(draft_prompt) if draft_prompt is not None else None)
         self.tokens = list(ids)
         self.tcache.crop(min(self.tcache.length, keep))
         forward_tokens(self.target, ids[self.tcache.length:-1], self.tcache)
-        if self.draft_model is not None:  # the draft through its DraftModel, as in the round
-            self.draft_model.keep(keep)
-            forward_tokens(self.draft_model.lm, ids[self.draft_model.cache.length:-1], self.draft_model.cache)
+        if dm is not None:  # the draft through its DraftModel, as in the round
+            forward_tokens(dm.lm, dm.view(ids)[dm.cache.length:-1], dm.cache)
 
     # -- the steps -------------------------------------------------------------------------------------
 
     def prefill(self, ids: list[int], sp: SamplingParams, rng: np.random.Generator,
-                coupling: GumbelCoupling | None = None) -> int:
+                coupling: GumbelCoupling | None = None, draft_prompt: list[int] | None = None) -> int:
         """Run the prompt ``ids`` through the target, reusing the cached common prefix with the previous call,
         and commit the first new token sampled from the last position's p (returned): drawn with ``rng``, or
         the race choice of ``coupling`` at position len(ids). Afterwards a round can start: ``tokens`` = ids +
-        [token]."""
+        [token]. ``draft_prompt`` (token ids, or None: ``ids``): what the draft reads in place of ``ids``
+        (:meth:`~edgespec.draft.model.DraftModel.set_prompt`); the draft reads nothing now."""
         keep = min(common_prefix(self.tokens, ids), len(ids) - 1)
         self.tcache.crop(keep)  # drop what the new prompt does not share
         if self.draft_model is not None:
-            self.draft_model.keep(keep)
+            self.draft_model.set_prompt(self.tokens, ids, draft_prompt)
         self.tokens = list(ids)
         logits = forward_tokens(self.target, ids[self.tcache.length:], self.tcache)
         if self.processor is not None:  # edgespec.core.processors: penalties, logit bias, grammar mask
@@ -264,8 +272,9 @@ class SpecDecoder:
         else ``rng`` drives the rule of :mod:`.sampling`. Greedy ignores both.
         """
         # Invariant on entry and exit: the target cache holds positions 0..L-1 of `tokens`; tokens[L] (`last`) is
-        # committed but not cached; the draft cache holds 0..Ld-1 with Ld ≤ L (it lags after plain steps, rounds
-        # of other proposers or full acceptance, and reads what it lags in its next proposal's first feed).
+        # committed but not cached; the draft cache holds 0..Ld-1 of its view of `tokens` with Ld < the view's
+        # length (it lags after plain steps, rounds of other proposers or full acceptance, and reads what it lags
+        # in its next proposal's first feed); without a draft prompt the view is `tokens`.
         t0 = time.perf_counter()
         L = len(self.tokens) - 1
         self.coupling = coupling if not sp.greedy else None
@@ -385,6 +394,14 @@ class SpecDecoder:
             raise ValueError("the prompt is empty")
         if len(input_ids) >= self.context_length:
             raise ValueError(f"the prompt is {len(input_ids)} tokens; the context holds {self.context_length}")
+        if o.draft_prompt is not None:
+            if len(o.draft_prompt) > len(input_ids):
+                raise ValueError(f"draft_prompt is {len(o.draft_prompt)} tokens, longer than the prompt's "
+                                 f"{len(input_ids)}")
+            try:
+                self.check_ids(list(o.draft_prompt))
+            except ValueError as e:
+                raise ValueError(f"draft_prompt: {e}") from None
         stats = stats if stats is not None else GenerationStats()
         policy = policy if policy is not None else FixedK(o.k, o.n_nodes)
         stats.latency_budget_ms = policy.latency_budget_ms

@@ -36,6 +36,10 @@ class GenerationOptions:
     the target and the draft alike before sampling; under its grammar constraint a speculative generation also
     proposes the grammar's forced tokens, first (``"grammar"``, :mod:`edgespec.draft.grammar`). ``logprobs``
     (None: off; 0..20) records each emitted token's logprob and that many alternatives in ``stats.token_logprobs``.
+    ``draft_prompt`` (int token ids, at most as many as the prompt; None: the prompt): what the draft model reads
+    in place of the prompt, e.g. a fill-in-the-middle prompt cut to the code around the cursor
+    (:func:`edgespec.apps.fim.build_draft_ids`); the output's distribution is the target's either way
+    (:mod:`edgespec.draft.model`), only alpha and the draft's catch-up change.
 
     ``coupling`` picks the sampling rule (greedy ignores it): ``"gumbel"`` is drafter-invariant seeded sampling
     (:mod:`.coupling`: the output depends only on the seed and the target, never on K, the proposers or the
@@ -59,6 +63,7 @@ class GenerationOptions:
     coupling: str = "auto"
     processing: Processing | None = None
     logprobs: int | None = None
+    draft_prompt: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if isinstance(self.proposers, (str, Proposer)) or not hasattr(self.proposers, "__iter__"):
@@ -92,6 +97,12 @@ class GenerationOptions:
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
                                           or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             raise ValueError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
+        if self.draft_prompt is not None:
+            d = self.draft_prompt
+            if isinstance(d, (str, bytes)) or not hasattr(d, "__iter__") or not all(
+                    isinstance(t, (int, np.integer)) and not isinstance(t, bool) and t >= 0 for t in d) or not len(d):
+                raise ValueError(f"draft_prompt must be None or a non-empty sequence of token ids ≥ 0, got {d!r}")
+            object.__setattr__(self, "draft_prompt", tuple(int(t) for t in d))
         self.sampling  # validates temperature, top_k, top_p
 
     @property
@@ -129,8 +140,7 @@ def plan_round(decoder, policy: KPolicy, proposers: list[Proposer], cap: int, re
     kept feasible: only offered proposers, sizes within ``cap``, a catch-up only where a draft is in use."""
     if not proposers:
         return RoundPlan()
-    L = len(decoder.tokens) - 1
-    lag = L + 1 - decoder.dcache.length if decoder.dcache is not None else 0
+    lag = decoder.draft_model.lag(decoder.tokens) if decoder.draft_model is not None else 0
     ctx = decoder.context()
     offers = tuple(p.offer(ctx, cap) for p in proposers)
     plan = policy.choose(Situation(offers, lag, remaining))
@@ -156,7 +166,8 @@ def run_rounds(decoder, input_ids: list[int], o: GenerationOptions, proposers: l
         coupling = GumbelCoupling(seed, decoder.width)
     stats.coupling = "gumbel" if coupling is not None else ("greedy" if sp.greedy else "standard")
     t_start = time.perf_counter()
-    new, result = [decoder.prefill(input_ids, sp, rng, coupling)], None
+    draft_prompt = list(o.draft_prompt) if o.draft_prompt is not None else None
+    new, result = [decoder.prefill(input_ids, sp, rng, coupling, draft_prompt)], None
     stats.prefill_ms = (time.perf_counter() - t_start) * 1e3
     decoder.generations = generation = decoder.generations + 1
     policy.begin()
