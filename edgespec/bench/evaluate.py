@@ -57,8 +57,12 @@ def race_scores(decoder, sp: SamplingParams, seed: int):
 
 
 def greedy_check(decoder, input_ids: list[int], max_new_tokens: int, k=4, proposers=("draft",),
-                 temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None) -> dict:
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
+                 draft_prompt: tuple[int, ...] | None = None) -> dict:
     """Plain greedy vs speculative greedy on one prompt, judged by the verify path's own numbers.
+
+    ``draft_prompt``: what the speculative run's draft reads in place of the prompt
+    (:attr:`~edgespec.engine.generation.GenerationOptions.draft_prompt`).
 
     With ``temperature`` > 0 and a ``seed`` the same check runs on seeded sampling (the Gumbel coupling,
     :mod:`.coupling`): a coupled choice is the argmax of the race scores :func:`race_scores`, so every row below
@@ -93,7 +97,8 @@ def greedy_check(decoder, input_ids: list[int], max_new_tokens: int, k=4, propos
     plain = decoder.generate(input_ids=input_ids, proposers=(), policy=plain_rec, **opts).run()
     decoder.reset()
     rec = _Recorder(k, k)
-    spec = decoder.generate(input_ids=input_ids, proposers=proposers, policy=rec, **opts).run()
+    spec = decoder.generate(input_ids=input_ids, proposers=proposers, policy=rec, draft_prompt=draft_prompt,
+                            **opts).run()
     decoder.reset()
     a, b = plain.token_ids, spec.token_ids
     out = {"identical": a == b, "ok": True, "consistent": True, "first_divergence": None, "plain_gap": None,
