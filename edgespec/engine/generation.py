@@ -99,6 +99,8 @@ class GenerationOptions:
             raise ValueError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
         if self.draft_prompt is not None:
             d = self.draft_prompt
+            if not isinstance(d, (str, bytes)) and hasattr(d, "__iter__"):
+                d = list(d)  # a generator or other one-pass iterable: read once
             if isinstance(d, (str, bytes)) or not hasattr(d, "__iter__") or not all(
                     isinstance(t, (int, np.integer)) and not isinstance(t, bool) and t >= 0 for t in d) or not len(d):
                 raise ValueError(f"draft_prompt must be None or a non-empty sequence of token ids ≥ 0, got {d!r}")
