@@ -290,3 +290,34 @@ def test_a_one_pass_iterable_is_a_draft_prompt():
     assert GenerationOptions(draft_prompt=(t for t in (5, 6))).draft_prompt == (5, 6)
     with pytest.raises(ValueError, match="draft_prompt"):
         GenerationOptions(draft_prompt=iter(()))
+
+
+def test_the_draft_window_flag_reaches_the_generation_and_the_server(fim_dec, tiny_fim_export, monkeypatch, capsys):
+    """``complete --draft-window`` gives the generation its draft prompt, ``serve --draft-window`` the engine its
+    window (the outputs alone cannot tell: they equal plain decoding whatever the draft reads)."""
+    from edgespec.apps import cli, serve
+
+    seen = []
+    real = fim_dec.generate
+
+    def generate(*args, **kw):
+        seen.append(kw["options"].draft_prompt)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(fim_dec, "generate", generate)
+    monkeypatch.setattr(cli, "_load", lambda a: fim_dec)
+    want = _fim(fim_dec, FimPrompt(LONG_PREFIX, SUFFIX), 64)[1]
+    for window, expect in (("64", tuple(want)), ("0", None)):
+        assert cli.main(["complete", str(tiny_fim_export), "--prefix-text", LONG_PREFIX, "--suffix-text", SUFFIX,
+                         "--max-new-tokens", "4", "--draft-window", window, "--json"]) == 0
+        assert seen[-1] == expect
+    capsys.readouterr()
+    engines = []
+    monkeypatch.setattr(serve, "listen", lambda host, port: None)
+    monkeypatch.setattr(serve, "serve", lambda engine, sock, limit: engines.append(engine) or 0)
+    try:
+        assert cli.main(["serve", str(tiny_fim_export), "--draft-window", "48"]) == 0
+        assert engines[0].fim_draft_window == 48
+    finally:
+        for e in engines:
+            e.stop()
