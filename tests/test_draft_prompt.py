@@ -195,15 +195,18 @@ def test_the_server_and_complete_use_the_draft_window(tiny_fim_export, fim_dec, 
         s.close()
 
 
-def test_the_server_sets_the_draft_prompt_of_a_fim_job(fim_dec):
+def test_the_server_sets_the_draft_prompt_of_a_fim_job(fim_dec, monkeypatch):
     from types import SimpleNamespace
 
+    from edgespec.apps import fim
     from edgespec.apps.fim_serve import draft_view
 
     p = FimPrompt(LONG_PREFIX, SUFFIX)
-    want = _fim(fim_dec, p, 64)[1]
+    full, want, _ = _fim(fim_dec, p, 64)
+    # the job's prompt is the FIM prompt already: it is not tokenized again (other files and all) for its length
+    monkeypatch.setattr(fim, "build_ids", lambda *a: pytest.fail("the FIM prompt was built twice"))
     for window, expect in ((64, tuple(want)), (0, None)):
-        job = SimpleNamespace(overrides={})
+        job = SimpleNamespace(overrides={}, ids=full)
         draft_view(SimpleNamespace(decoder=fim_dec, fim_draft_window=window), p, job)
         assert job.overrides.get("draft_prompt") == expect
 
