@@ -324,3 +324,13 @@ def test_the_draft_window_flag_reaches_the_generation_and_the_server(fim_dec, ti
     finally:
         for e in engines:
             e.stop()
+
+
+def test_a_long_bad_draft_prompt_is_refused_in_a_short_line(dec):
+    with pytest.raises(ValueError) as e:
+        GenerationOptions(draft_prompt=[-1] * 100_000)
+    assert len(str(e.value)) < 200 and "\n" not in str(e.value)
+    ids = dec.encode(PROMPT)
+    with pytest.raises(ValueError) as e:
+        dec.generate(input_ids=ids, draft_prompt=[1] * (len(ids) - 1) + [dec.encoder.n_tokens])
+    assert len(str(e.value)) < 200 and "draft_prompt" in str(e.value)
