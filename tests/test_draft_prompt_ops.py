@@ -20,11 +20,15 @@ PROPOSERS = [("draft",), ("tree",), ("lookup", "draft"), ("suffix", "tree"), ()]
 
 @pytest.fixture(scope="module")
 def int8_export(home, tiny_dirs, tmp_path_factory):
+    """The tiny pair, int4, an int8 cache with float32 prefill graphs: exported under a home of its own, as its
+    graph cache would change how tests/test_kv_int8_prefill.py's exports are derived (hard links)."""
+    from conftest import edgespec_home
     from edgespec.export import ExportOptions, export_pair
 
+    root = tmp_path_factory.mktemp("dp_ops")
     o = ExportOptions(precision="int4", graph_format=3, prefill_int8=True, kv_int8=True)
-    return export_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), tmp_path_factory.mktemp("dp_ops") / "kv8",
-                       o, o)
+    with edgespec_home(str(root / "home")):
+        return export_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), root / "kv8", o, o)
 
 
 @pytest.fixture(scope="module", params=["fp32", "kv-int8"])
