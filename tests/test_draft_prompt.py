@@ -195,14 +195,142 @@ def test_the_server_and_complete_use_the_draft_window(tiny_fim_export, fim_dec, 
         s.close()
 
 
-def test_the_server_sets_the_draft_prompt_of_a_fim_job(fim_dec):
+def test_the_server_sets_the_draft_prompt_of_a_fim_job(fim_dec, monkeypatch):
     from types import SimpleNamespace
 
+    from edgespec.apps import fim
     from edgespec.apps.fim_serve import draft_view
 
     p = FimPrompt(LONG_PREFIX, SUFFIX)
-    want = _fim(fim_dec, p, 64)[1]
+    full, want, _ = _fim(fim_dec, p, 64)
+    # the job's prompt is the FIM prompt already: it is not tokenized again (other files and all) for its length
+    monkeypatch.setattr(fim, "build_ids", lambda *a: pytest.fail("the FIM prompt was built twice"))
     for window, expect in ((64, tuple(want)), (0, None)):
-        job = SimpleNamespace(overrides={})
+        job = SimpleNamespace(overrides={}, ids=full)
         draft_view(SimpleNamespace(decoder=fim_dec, fim_draft_window=window), p, job)
         assert job.overrides.get("draft_prompt") == expect
+
+
+# -- review: rewinds to the prompt, tree positions, the standard rule, direct prefill ------------------------
+
+
+def test_a_rewind_to_the_prompt_keeps_the_draft_view(dec):
+    """rewind_to(len(prompt)) keeps the whole prompt committed: the draft keeps reading its own prompt (its
+    rows of all of it but the last token), not the target's from the start."""
+    ids, cut = _cut(dec)
+    dm, sp, rng = dec.draft_model, SamplingParams(0.0), np.random.default_rng(0)
+    proposer = dec.proposers_for(GenerationOptions())[0]
+    dec.reset()
+    dec.prefill(ids, sp, rng, draft_prompt=list(cut))
+    dec.run_round(RoundPlan(proposer, k=3), sp, rng)
+    dec.rewind_to(len(ids))
+    assert dm.prompts is not None and dm.cache.length == len(cut) - 1
+    _assert_view_cached(dm, dec.tokens)
+    assert dm.prompts is not None  # the check's own rollback (to len(prompt) - 1 positions) keeps it too
+    r = dec.run_round(RoundPlan(proposer, k=3), sp, rng)
+    assert r.catchup_tokens == 0  # the first feed: the draft prompt's last token only (a draft step)
+    dec.rewind_to(len(ids) - 1)  # into the prompt: the view is the committed tokens again
+    assert dm.prompts is None
+    _assert_view_cached(dm, dec.tokens)
+
+
+def test_tree_nodes_are_drafted_at_their_positions_in_the_drafts_view(dec):
+    """Each tree node's q is the draft's distribution after its view + the node's path, as a fresh run of the
+    draft over them gives (a node drafted at the target's positions would differ: only alpha would show it)."""
+    ids, cut = _cut(dec)
+    dm, sp = dec.draft_model, SamplingParams(0.0)
+    tree_proposer = dec.proposers_for(GenerationOptions(proposers=("tree",)))[0]
+    dec.reset()
+    dec.prefill(ids, sp, np.random.default_rng(0), draft_prompt=list(cut))
+    view = list(dm.view(dec.tokens))
+    prop = tree_proposer.propose(dec.context(), 12, sp, np.random.default_rng(0))
+    deep = [v for v in prop.tree.q if v >= 0]
+    assert deep  # a tree of more than one level
+    for v in deep:
+        path = prop.tree.path_tokens(v)
+        fresh = dm.lm.forward(view + path, dm.lm.new_cache(), keep=1)[-1]
+        np.testing.assert_allclose(prop.tree.q[v], dm.probs(fresh, SamplingParams(1.0), dec.tokens, path), atol=1e-5)
+    dec.reset()
+
+
+def test_the_first_token_follows_p_under_the_standard_rule_with_a_draft_prompt(dec):
+    """The accept/reject rule with the q of a draft that read its own prompt: the first token's histogram is
+    within sampling noise of p (the seeded test above runs the Gumbel coupling, exact whatever q is)."""
+    from edgespec.core.sampling import probs
+    from edgespec.engine.decoder import forward_tokens
+
+    ids, cut = _cut(dec)
+    sp, draws = SamplingParams(0.8, top_p=0.95), 2000
+    cache = dec.target.new_cache()
+    forward_tokens(dec.target, ids[:-1], cache)  # as the prefill (then cropped to them) holds the prompt
+    p = probs(dec.target.forward(ids[-1:], cache)[-1], sp)
+    proposer = dec.proposers_for(GenerationOptions())[0]
+    dec.reset()
+    dec.prefill(ids, sp, np.random.default_rng(0), draft_prompt=list(cut))
+    counts = np.zeros_like(p)
+    for s in range(draws):
+        dec.rewind_to(len(ids))
+        assert dec.draft_model.prompts is not None
+        counts[dec.run_round(RoundPlan(proposer, k=3), sp, np.random.default_rng(s)).tokens[0]] += 1
+    rng = np.random.default_rng(0)
+    noise = np.mean([0.5 * np.abs(rng.multinomial(draws, p / p.sum()) / draws - p).sum() for _ in range(20)])
+    assert 0.5 * np.abs(counts / draws - p).sum() < 3 * noise + 0.01
+    dec.reset()
+
+
+@pytest.mark.parametrize("bad", [lambda ids: list(ids) + [1], lambda ids: []])
+def test_a_direct_prefill_refuses_a_draft_prompt_longer_than_the_prompt_before_any_change(dec, bad):
+    ids = dec.encode(PROMPT)
+    dec.reset()
+    dec.generate(input_ids=ids, max_new_tokens=4).run()
+    before = (list(dec.tokens), dec.tcache.length, dec.dcache.length)
+    with pytest.raises(ValueError, match="draft prompt needs"):
+        dec.prefill(ids, SamplingParams(0.0), np.random.default_rng(0), draft_prompt=bad(ids))
+    assert (list(dec.tokens), dec.tcache.length, dec.dcache.length) == before
+
+
+def test_a_one_pass_iterable_is_a_draft_prompt():
+    assert GenerationOptions(draft_prompt=(t for t in (5, 6))).draft_prompt == (5, 6)
+    with pytest.raises(ValueError, match="draft_prompt"):
+        GenerationOptions(draft_prompt=iter(()))
+
+
+def test_the_draft_window_flag_reaches_the_generation_and_the_server(fim_dec, tiny_fim_export, monkeypatch, capsys):
+    """``complete --draft-window`` gives the generation its draft prompt, ``serve --draft-window`` the engine its
+    window (the outputs alone cannot tell: they equal plain decoding whatever the draft reads)."""
+    from edgespec.apps import cli, serve
+
+    seen = []
+    real = fim_dec.generate
+
+    def generate(*args, **kw):
+        seen.append(kw["options"].draft_prompt)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(fim_dec, "generate", generate)
+    monkeypatch.setattr(cli, "_load", lambda a: fim_dec)
+    want = _fim(fim_dec, FimPrompt(LONG_PREFIX, SUFFIX), 64)[1]
+    for window, expect in (("64", tuple(want)), ("0", None)):
+        assert cli.main(["complete", str(tiny_fim_export), "--prefix-text", LONG_PREFIX, "--suffix-text", SUFFIX,
+                         "--max-new-tokens", "4", "--draft-window", window, "--json"]) == 0
+        assert seen[-1] == expect
+    capsys.readouterr()
+    engines = []
+    monkeypatch.setattr(serve, "listen", lambda host, port: None)
+    monkeypatch.setattr(serve, "serve", lambda engine, sock, limit: engines.append(engine) or 0)
+    try:
+        assert cli.main(["serve", str(tiny_fim_export), "--draft-window", "48"]) == 0
+        assert engines[0].fim_draft_window == 48
+    finally:
+        for e in engines:
+            e.stop()
+
+
+def test_a_long_bad_draft_prompt_is_refused_in_a_short_line(dec):
+    with pytest.raises(ValueError) as e:
+        GenerationOptions(draft_prompt=[-1] * 100_000)
+    assert len(str(e.value)) < 200 and "\n" not in str(e.value)
+    ids = dec.encode(PROMPT)
+    with pytest.raises(ValueError) as e:
+        dec.generate(input_ids=ids, draft_prompt=[1] * (len(ids) - 1) + [dec.encoder.n_tokens])
+    assert len(str(e.value)) < 200 and "draft_prompt" in str(e.value)

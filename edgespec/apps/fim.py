@@ -126,7 +126,8 @@ def build_ids(tokenizer, plain, tokens: FimTokens, p: FimPrompt) -> list[int]:
 DRAFT_WINDOW = 256  # tokens of the draft's FIM prompt (:func:`build_draft_ids`); 0: the draft reads the whole prompt
 
 
-def build_draft_ids(tokenizer, plain, tokens: FimTokens, p: FimPrompt, window: int = DRAFT_WINDOW) -> list[int] | None:
+def build_draft_ids(tokenizer, plain, tokens: FimTokens, p: FimPrompt, window: int = DRAFT_WINDOW,
+                    full: int | None = None) -> list[int] | None:
     """The draft model's FIM prompt (token ids) for ``p``: the file-level layout over the code around the cursor,
     about ``window`` tokens of it, or None when that is not shorter than :func:`build_ids`'s prompt (or
     ``window`` is 0). The draft reads it in place of the target's prompt
@@ -137,7 +138,8 @@ def build_draft_ids(tokenizer, plain, tokens: FimTokens, p: FimPrompt, window: i
     Three quarters of the window go to the end of the prefix, one quarter to the start of the suffix; other
     files are left out. The prefix's cut moves in steps of a quarter of its share, so that consecutive
     keystrokes' prompts (the prefix growing at its end) share the draft's cached rows, as the target's.
-    ``plain`` as for :func:`build_ids`.
+    ``plain`` as for :func:`build_ids`; ``full``: the length (tokens) of :func:`build_ids`'s prompt for ``p`` where
+    the caller has it (else it is built again: the whole prompt, other files included, tokenized once more).
 
     Raises:
         ValueError: ``window`` < 0.
@@ -146,14 +148,15 @@ def build_draft_ids(tokenizer, plain, tokens: FimTokens, p: FimPrompt, window: i
         raise ValueError(f"the draft's FIM window must be ≥ 0 tokens, got {window}")
     if window == 0:
         return None
-    full = build_ids(tokenizer, plain, tokens, p)
+    if full is None:
+        full = len(build_ids(tokenizer, plain, tokens, p))
     enc = _encoder(tokenizer, plain)
     before, after = enc(p.prefix), enc(p.suffix)
     n_before = window - window // 4
     step = max(1, n_before // 4)
     cut = max(0, len(before) - n_before) // step * step
     ids = [tokens.prefix] + before[cut:] + [tokens.suffix] + after[:window // 4] + [tokens.middle] + enc(p.prompt)
-    return ids if len(ids) < len(full) else None
+    return ids if len(ids) < full else None
 
 
 class MiddleCutter:

@@ -97,7 +97,7 @@ def run_complete(a, load, gen_kwargs, stdin) -> int:
 
     if kw["options"].max_new_tokens > room:
         kw["options"] = GenerationOptions.with_fields(kw["options"], {"max_new_tokens": room})
-    draft_ids = build_draft_ids(dec.tokenizer, lambda: dec.plain_tokenizer, tokens, fp, a.draft_window) \
+    draft_ids = build_draft_ids(dec.tokenizer, lambda: dec.plain_tokenizer, tokens, fp, a.draft_window, len(ids)) \
         if dec.draft_model is not None else None
     if draft_ids is not None:
         kw["options"] = GenerationOptions.with_fields(kw["options"], {"draft_prompt": tuple(draft_ids)})

@@ -49,7 +49,7 @@ def draft_view(engine, p: FimPrompt, job) -> None:
     window = getattr(engine, "fim_draft_window", DRAFT_WINDOW)
     if d.draft_model is None or not window:
         return
-    ids = build_draft_ids(d.tokenizer, lambda: d.plain_tokenizer, _tokens(engine), p, window)
+    ids = build_draft_ids(d.tokenizer, lambda: d.plain_tokenizer, _tokens(engine), p, window, len(job.ids))
     if ids is not None:
         job.overrides["draft_prompt"] = tuple(ids)
 

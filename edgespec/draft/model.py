@@ -77,7 +77,14 @@ class DraftModel:
                    draft_prompt: Sequence[int] | None = None) -> None:
         """Start a generation from ``prompt`` (int token ids; the draft reads ``draft_prompt`` in its place,
         or the prompt itself when None). The cache keeps what it holds of its view of ``old_tokens`` (the
-        committed tokens until now) that the new view shares, at most all of it but its last token."""
+        committed tokens until now) that the new view shares, at most all of it but its last token.
+
+        Raises:
+            ValueError: ``draft_prompt`` empty or longer than ``prompt`` (its view would outgrow the target's
+                tokens, and the draft cache the context); nothing changes then.
+        """
+        if draft_prompt is not None and not 0 < len(draft_prompt) <= len(prompt):
+            raise ValueError(f"a draft prompt needs 1..{len(prompt)} tokens, got {len(draft_prompt)}")
         old = self.view(old_tokens)
         self.prompts = (list(draft_prompt), list(prompt)) if draft_prompt is not None else None
         new = self.view(prompt)
@@ -89,12 +96,14 @@ class DraftModel:
         self.cache.crop(n)
 
     def keep(self, n: int) -> None:
-        """Roll back to the first ``n`` committed tokens: keep at most the draft's positions of them. Below the
-        end of the target's prompt a draft prompt no longer applies: the view becomes the committed tokens and
-        the cache keeps what the two prompts share of those ``n``."""
+        """Roll back: keep at most the draft's positions of the first ``n`` committed tokens, of which the
+        decoder keeps at least ``n`` + 1 (``last`` is never cached: :meth:`SpecDecoder.rewind_to` to the prompt
+        keeps its len - 1). Once fewer than the target's whole prompt stay committed, a draft prompt no longer
+        applies: the view becomes the committed tokens and the cache keeps what the two prompts share of those
+        ``n``."""
         if self.prompts is not None:
             mine, theirs = self.prompts
-            if n < len(theirs):
+            if n + 1 < len(theirs):
                 self.prompts = None
                 shared = next((i for i, (a, b) in enumerate(zip(mine, theirs[:n])) if a != b), min(len(mine), n))
                 n = shared

@@ -246,11 +246,15 @@ class SpecDecoder:
         and commit the first new token sampled from the last position's p (returned): drawn with ``rng``, or
         the race choice of ``coupling`` at position len(ids). Afterwards a round can start: ``tokens`` = ids +
         [token]. ``draft_prompt`` (token ids, or None: ``ids``): what the draft reads in place of ``ids``
-        (:meth:`~edgespec.draft.model.DraftModel.set_prompt`); the draft reads nothing now."""
+        (:meth:`~edgespec.draft.model.DraftModel.set_prompt`); the draft reads nothing now.
+
+        Raises:
+            ValueError: ``draft_prompt`` empty or longer than ``ids`` (before any change).
+        """
         keep = min(common_prefix(self.tokens, ids), len(ids) - 1)
-        self.tcache.crop(keep)  # drop what the new prompt does not share
-        if self.draft_model is not None:
+        if self.draft_model is not None:  # first: it refuses a draft prompt longer than ids before any change
             self.draft_model.set_prompt(self.tokens, ids, draft_prompt)
+        self.tcache.crop(keep)  # drop what the new prompt does not share
         self.tokens = list(ids)
         logits = forward_tokens(self.target, ids[self.tcache.length:], self.tcache)
         if self.processor is not None:  # edgespec.core.processors: penalties, logit bias, grammar mask

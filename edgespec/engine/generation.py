@@ -3,6 +3,7 @@ loop, and :func:`plan_round`), and a running one (:class:`Generation`, streaming
 
 from __future__ import annotations
 
+import reprlib
 import time
 from dataclasses import dataclass, fields
 from typing import Iterator
@@ -99,9 +100,12 @@ class GenerationOptions:
             raise ValueError(f"logprobs must be None or an integer in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs!r}")
         if self.draft_prompt is not None:
             d = self.draft_prompt
+            if not isinstance(d, (str, bytes)) and hasattr(d, "__iter__"):
+                d = list(d)  # a generator or other one-pass iterable: read once
             if isinstance(d, (str, bytes)) or not hasattr(d, "__iter__") or not all(
                     isinstance(t, (int, np.integer)) and not isinstance(t, bool) and t >= 0 for t in d) or not len(d):
-                raise ValueError(f"draft_prompt must be None or a non-empty sequence of token ids ≥ 0, got {d!r}")
+                raise ValueError(f"draft_prompt must be None or a non-empty sequence of token ids ≥ 0, got "
+                                 f"{reprlib.repr(d)}")  # a long one cut short: one line
             object.__setattr__(self, "draft_prompt", tuple(int(t) for t in d))
         self.sampling  # validates temperature, top_k, top_p
 
