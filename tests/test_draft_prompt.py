@@ -122,6 +122,8 @@ def test_a_draft_prompt_out_of_range_or_longer_than_the_prompt_is_refused(dec):
         dec.generate(input_ids=ids, draft_prompt=(dec.encoder.n_tokens + 5,))
     with pytest.raises(ValueError, match="draft prompt"):
         dec.cache_prefix(ids, [])
+    with pytest.raises(ValueError, match="^draft_prompt: .*not a token id"):
+        dec.cache_prefix(ids, [dec.encoder.n_tokens + 5])
 
 
 # -- the FIM draft prompt --------------------------------------------------------------------------------

@@ -204,6 +204,13 @@ class SpecDecoder:
         if self.draft_model is not None:
             self.draft_model.keep(n - 1)
 
+    def _draft_ids(self, draft_prompt) -> list[int]:
+        """``draft_prompt`` as checked token ids (:meth:`check_ids`). Raises ValueError naming draft_prompt."""
+        try:
+            return self.check_ids(list(draft_prompt))
+        except ValueError as e:
+            raise ValueError(f"draft_prompt: {e}") from None
+
     def cached_tokens(self, ids: list[int]) -> int:
         """How many leading tokens of the prompt ``ids`` the target's KV cache holds now: what a generation from
         ``ids`` reuses rather than prefills (at most len(ids) - 1: the last prompt token is always run)."""
@@ -231,7 +238,7 @@ class SpecDecoder:
             raise ValueError(f"a draft prompt needs 1..{len(ids)} tokens, got {len(draft_prompt)}")
         dm = self.draft_model
         if dm is not None:  # what its view of the tokens until now shares with its view of ids
-            dm.set_prompt(self.tokens, ids, self.check_ids(draft_prompt) if draft_prompt is not None else None)
+            dm.set_prompt(self.tokens, ids, self._draft_ids(draft_prompt) if draft_prompt is not None else None)
         self.tokens = list(ids)
         self.tcache.crop(min(self.tcache.length, keep))
         forward_tokens(self.target, ids[self.tcache.length:-1], self.tcache)
@@ -402,10 +409,7 @@ class SpecDecoder:
             if len(o.draft_prompt) > len(input_ids):
                 raise ValueError(f"draft_prompt is {len(o.draft_prompt)} tokens, longer than the prompt's "
                                  f"{len(input_ids)}")
-            try:
-                self.check_ids(list(o.draft_prompt))
-            except ValueError as e:
-                raise ValueError(f"draft_prompt: {e}") from None
+            self._draft_ids(o.draft_prompt)
         stats = stats if stats is not None else GenerationStats()
         policy = policy if policy is not None else FixedK(o.k, o.n_nodes)
         stats.latency_budget_ms = policy.latency_budget_ms
