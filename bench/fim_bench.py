@@ -82,8 +82,9 @@ class EdgespecRunner:
         from edgespec.engine.generation import GenerationOptions
 
         options = self.mode.options(n, 0.0, 0)
-        draft_ids = build_draft_ids(d.tokenizer, lambda: d.plain_tokenizer, self.fim, FimPrompt(task.prefix, task.suffix),
-                                    self.window) if any(p in ("draft", "tree") for p in options.proposers) else None
+        drafting = any(p in ("draft", "tree") for p in options.proposers)
+        draft_ids = build_draft_ids(d.tokenizer, lambda: d.plain_tokenizer, self.fim,
+                                    FimPrompt(task.prefix, task.suffix), self.window, len(ids)) if drafting else None
         if draft_ids is not None:
             options = GenerationOptions.with_fields(options, {"draft_prompt": tuple(draft_ids)})
         for toks, _ in d.generate_ids(ids, options, self.policy, stats):

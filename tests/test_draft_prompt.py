@@ -179,6 +179,8 @@ def test_the_server_and_complete_use_the_draft_window(tiny_fim_export, fim_dec, 
         assert r.returncode == 0, r.stderr
         outs.append(json.loads(r.stdout))
     assert outs[0]["text"] == outs[1]["text"] == outs[2]["text"] and outs[0]["stats"]["proposed"] > 0
+    n_draft = len(_fim(fim_dec, FimPrompt(LONG_PREFIX, SUFFIX), 64)[1])
+    assert outs[0]["stats"]["draft_prompt_tokens"] == n_draft and outs[1]["stats"]["draft_prompt_tokens"] is None
     r = _cli(home, tiny_fim_export, "--prefix-text", "a", "--draft-window", "-3")
     assert r.returncode == 2 and "--draft-window" in r.stderr and "Traceback" not in r.stderr
     s = Server(tiny_fim_export, home, tmp_path / "server.log", "--draft-window", "64")
@@ -190,6 +192,13 @@ def test_the_server_and_complete_use_the_draft_window(tiny_fim_export, fim_dec, 
                                                              "temperature": 0}).encode())
         assert status == 200, res2
         assert res["content"] == outs[0]["text"] and res2["choices"][0]["text"] == res["content"]
+        # each FIM endpoint gave its job the draft's own prompt
+        assert res["edgespec"]["draft_prompt_tokens"] == res2["edgespec"]["draft_prompt_tokens"] == n_draft
+        ollama = {"model": "m", "prompt": LONG_PREFIX, "suffix": SUFFIX, "stream": False,
+                  "options": {"num_predict": 16, "temperature": 0}}
+        status, res3 = s.post("/api/generate", json.dumps(ollama).encode())
+        assert status == 200 and res3["response"] == res["content"], res3
+        assert res3["edgespec"]["draft_prompt_tokens"] == n_draft
         status, r0 = s.post("/infill", json.dumps({**body, "n_predict": 0}).encode())  # prompt only, then reuse
         status, r1 = s.post("/infill", json.dumps(body).encode())
         assert status == 200 and r1["content"] == res["content"] and r1["tokens_cached"] == r1["tokens_evaluated"] - 1

@@ -256,13 +256,14 @@ def usage_object(prompt_tokens: int, completion_tokens: int, cached_tokens: int)
 
 def extension_object(stats, queue_ms: float) -> dict:
     """edgespec's own figures of one generation (from :class:`~edgespec.core.stats.GenerationStats`): alpha in
-    [0, 1], mean K, tokens per round, tok/s, prefill/queue ms, and the latency budget (ms) in force."""
+    [0, 1], mean K, tokens per round, tok/s, prefill/queue ms, the latency budget (ms) in force, and the
+    draft's own prompt length in tokens (None: the draft read the prompt)."""
     ks = stats.k_per_round
     return {"mode": stats.mode, "alpha": stats.alpha, "mean_k": sum(ks) / len(ks) if ks else 0.0,
             "tokens_per_round": stats.mean_accepted_length, "rounds": stats.rounds,
             "tokens_per_s": stats.tokens_per_s, "decode_tokens_per_s": stats.decode_tokens_per_s,
             "prefill_ms": stats.prefill_ms, "queue_ms": queue_ms, "latency_budget_ms": stats.latency_budget_ms,
-            "stop_reason": stats.stop_reason}
+            "stop_reason": stats.stop_reason, "draft_prompt_tokens": stats.draft_prompt_tokens}
 
 
 def response_object(chat: bool, rid: str, model: str, text: str, finish: str, usage: dict, ext: dict,

@@ -53,6 +53,7 @@ class GenerationStats:
     latency_budget_ms: float | None = None
     provider: str = ""  # the execution provider the target ran on
     coupling: str = ""  # how tokens were chosen: "greedy", "standard" (accept/reject) or "gumbel" (seeded)
+    draft_prompt_tokens: int | None = None  # tokens of the draft's own prompt (draft_prompt); None: the prompt's
     # with GenerationOptions.logprobs: one processors.TokenLogprob per emitted token (not in to_dict)
     token_logprobs: list = field(default_factory=list, repr=False)
 

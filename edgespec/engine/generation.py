@@ -162,6 +162,7 @@ def run_rounds(decoder, input_ids: list[int], o: GenerationOptions, proposers: l
     yielding ``(new token ids, how many of them are accepted proposal tokens)`` per target run until a stop token
     (not yielded), ``o.max_new_tokens`` or the end of the context; ``stats`` is filled in place (times in ms)."""
     stats.prompt_tokens = len(input_ids)
+    stats.draft_prompt_tokens = len(o.draft_prompt) if o.draft_prompt is not None else None
     sp = o.sampling
     rng = np.random.default_rng(o.seed)
     coupling = None
