@@ -78,15 +78,15 @@ class EdgespecRunner:
         detok = IncrementalDetokenizer(d.tokenizer)
         text, first_ms = [], None
         t0 = time.perf_counter()
-        from edgespec.apps.fim import FimPrompt, build_draft_ids
+        from edgespec.apps.fim import FimPrompt, draft_prompt_for
         from edgespec.engine.generation import GenerationOptions
 
         options = self.mode.options(n, 0.0, 0)
-        drafting = any(p in ("draft", "tree") for p in options.proposers)
-        draft_ids = build_draft_ids(d.tokenizer, lambda: d.plain_tokenizer, self.fim,
-                                    FimPrompt(task.prefix, task.suffix), self.window, len(ids)) if drafting else None
+        drafting = any(p.uses_draft for p in d.proposers_for(options))
+        draft_ids = draft_prompt_for(d, self.fim, FimPrompt(task.prefix, task.suffix), self.window,
+                                     len(ids)) if drafting else None
         if draft_ids is not None:
-            options = GenerationOptions.with_fields(options, {"draft_prompt": tuple(draft_ids)})
+            options = GenerationOptions.with_fields(options, {"draft_prompt": draft_ids})
         for toks, _ in d.generate_ids(ids, options, self.policy, stats):
             if first_ms is None:
                 first_ms = (time.perf_counter() - t0) * 1e3

@@ -159,6 +159,16 @@ def build_draft_ids(tokenizer, plain, tokens: FimTokens, p: FimPrompt, window: i
     return ids if len(ids) < full else None
 
 
+def draft_prompt_for(decoder, tokens: FimTokens, p: FimPrompt, window: int, full: int) -> tuple[int, ...] | None:
+    """``GenerationOptions.draft_prompt`` of a FIM generation on ``decoder`` (a
+    :class:`~edgespec.engine.decoder.SpecDecoder`) whose prompt for ``p`` is ``full`` tokens:
+    :func:`build_draft_ids` with ``window``, or None where the decoder has no draft model or nothing is cut."""
+    if decoder.draft_model is None:
+        return None
+    ids = build_draft_ids(decoder.tokenizer, lambda: decoder.plain_tokenizer, tokens, p, window, full)
+    return tuple(ids) if ids is not None else None
+
+
 class MiddleCutter:
     """Stop strings plus llama.cpp's completion limits on streamed text (``push``/``flush``/``hit`` as
     :class:`~edgespec.apps.openai_api.StopMatcher`, which it wraps).

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ..errors import EdgespecError
-from .fim import DEFAULT_FILENAME, DEFAULT_REPO, DRAFT_WINDOW, FimPrompt, MiddleCutter, build_draft_ids, build_ids, \
+from .fim import DEFAULT_FILENAME, DEFAULT_REPO, DRAFT_WINDOW, FimPrompt, MiddleCutter, build_ids, draft_prompt_for, \
     fim_tokens
 from ..core.stats import format_stats
 
@@ -97,10 +97,9 @@ def run_complete(a, load, gen_kwargs, stdin) -> int:
 
     if kw["options"].max_new_tokens > room:
         kw["options"] = GenerationOptions.with_fields(kw["options"], {"max_new_tokens": room})
-    draft_ids = build_draft_ids(dec.tokenizer, lambda: dec.plain_tokenizer, tokens, fp, a.draft_window, len(ids)) \
-        if dec.draft_model is not None else None
+    draft_ids = draft_prompt_for(dec, tokens, fp, a.draft_window, len(ids))
     if draft_ids is not None:
-        kw["options"] = GenerationOptions.with_fields(kw["options"], {"draft_prompt": tuple(draft_ids)})
+        kw["options"] = GenerationOptions.with_fields(kw["options"], {"draft_prompt": draft_ids})
     g = dec.generate(input_ids=ids, **kw)
     cutter = MiddleCutter(tuple(s for s in a.stop if s), a.n_indent)
     out = []

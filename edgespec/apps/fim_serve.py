@@ -15,7 +15,7 @@ import asyncio
 import json
 import time
 
-from .fim import DRAFT_WINDOW, FimPrompt, MiddleCutter, build_draft_ids, build_ids, fim_tokens
+from .fim import DRAFT_WINDOW, FimPrompt, MiddleCutter, build_ids, draft_prompt_for, fim_tokens
 from .fim_api import (completion_suffix, infill_object, llama_timings, ollama_chunk, ollama_done, ollama_tags,
                       parse_infill, parse_ollama_generate)
 from .openai_api import RequestError, extension_object
@@ -45,13 +45,10 @@ def draft_view(engine, p: FimPrompt, job) -> None:
     """Let ``job``'s draft read the FIM prompt ``p`` cut to the code around the cursor
     (:func:`~edgespec.apps.fim.build_draft_ids`, ``engine.fim_draft_window`` tokens: ``serve --draft-window``)
     where the server has a draft model; the answer is the same either way, only the draft's catch-up is shorter."""
-    d = engine.decoder
     window = getattr(engine, "fim_draft_window", DRAFT_WINDOW)
-    if d.draft_model is None or not window:
-        return
-    ids = build_draft_ids(d.tokenizer, lambda: d.plain_tokenizer, _tokens(engine), p, window, len(job.ids))
+    ids = draft_prompt_for(engine.decoder, _tokens(engine), p, window, len(job.ids))
     if ids is not None:
-        job.overrides["draft_prompt"] = tuple(ids)
+        job.overrides["draft_prompt"] = ids
 
 
 def suffix_ids(engine, req, suffix: str) -> list[int]:

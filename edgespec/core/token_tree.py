@@ -113,3 +113,10 @@ def pick_children(q: np.ndarray, m: int, sp: SamplingParams, rng: np.random.Gene
     support = np.flatnonzero(q > 0)
     keys = np.log(q[support]) + rng.gumbel(size=len(support))
     return [int(support[i]) for i in np.argsort(-keys)[:m]]
+
+
+def common_prefix(a, b) -> int:
+    """The length of the longest common prefix of two token id sequences (the cached rows a new prompt reuses)."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if len(diff) else n

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from ..core.round import Proposal
 from ..core.sampling import SamplingParams, probs
+from ..core.token_tree import common_prefix
 
 if TYPE_CHECKING:  # annotations only: importing the drafting package needs no onnxruntime
     from ..core.processors import Pipeline
@@ -69,9 +70,21 @@ class DraftModel:
         mine, theirs = self.prompts
         return mine + list(tokens[len(theirs):])
 
+    def _unread(self, tokens: Sequence[int]) -> list[int] | Sequence[int]:
+        """Its view of ``tokens`` from its cache's length on (what it has not read; the view itself is not
+        built: :meth:`lead`, :meth:`catch_up` and :meth:`lag` run every round)."""
+        start = self.cache.length
+        if self.prompts is None:
+            return tokens[start:]
+        mine, theirs = self.prompts
+        if start >= len(mine):
+            return tokens[len(theirs) + start - len(mine):]
+        return mine[start:] + list(tokens[len(theirs):])
+
     def lag(self, tokens: Sequence[int]) -> int:
         """How many tokens of its view of ``tokens`` the draft has not read (``last`` included)."""
-        return len(self.view(tokens)) - self.cache.length
+        shift = 0 if self.prompts is None else len(self.prompts[0]) - len(self.prompts[1])
+        return len(tokens) + shift - self.cache.length
 
     def set_prompt(self, old_tokens: Sequence[int], prompt: Sequence[int],
                    draft_prompt: Sequence[int] | None = None) -> None:
@@ -88,12 +101,7 @@ class DraftModel:
         old = self.view(old_tokens)
         self.prompts = (list(draft_prompt), list(prompt)) if draft_prompt is not None else None
         new = self.view(prompt)
-        n = 0
-        for a, b in zip(old[:min(self.cache.length, len(new) - 1)], new):
-            if a != b:
-                break
-            n += 1
-        self.cache.crop(n)
+        self.cache.crop(min(common_prefix(old, new), self.cache.length, len(new) - 1))
 
     def keep(self, n: int) -> None:
         """Roll back: keep at most the draft's positions of the first ``n`` committed tokens, of which the
@@ -105,8 +113,7 @@ class DraftModel:
             mine, theirs = self.prompts
             if n + 1 < len(theirs):
                 self.prompts = None
-                shared = next((i for i, (a, b) in enumerate(zip(mine, theirs[:n])) if a != b), min(len(mine), n))
-                n = shared
+                n = common_prefix(mine, theirs[:n])
             else:
                 n += len(mine) - len(theirs)
         self.cache.crop(min(self.cache.length, n))
@@ -122,7 +129,7 @@ class DraftModel:
         the last row's logits float32 (1, V_d). Its time (ms) goes to ``prop``: a one-token feed is a draft step,
         a longer one the catch-up of all but one token (which also drafted the first token); a catch-up of
         ≥ 64 rows runs on the draft's int8 prefill graph where the export has one (``--draft-prefill-int8``)."""
-        feed = self.view(tokens)[self.cache.length:]
+        feed = self._unread(tokens)
         t0 = time.perf_counter()
         logits = self.lm.forward(feed, self.cache, keep=1, prefill=True)
         ms = (time.perf_counter() - t0) * 1e3
@@ -136,8 +143,8 @@ class DraftModel:
         """Feed up to ``m`` of the committed ``tokens`` the draft has not read, the newest excluded (it stays
         for the next proposal's first feed; ≥ 64 of them on the int8 prefill graph, as :meth:`lead`); returns
         (ms, tokens fed)."""
-        start, seen = self.cache.length, self.view(tokens)
-        feed = seen[start:min(start + m, len(seen) - 1)]
+        unread = self._unread(tokens)
+        feed = unread[:min(m, len(unread) - 1)]
         t0 = time.perf_counter()
         if feed:
             self.lm.forward(feed, self.cache, keep=1, prefill=True)

@@ -23,7 +23,7 @@ from ..core.round import Proposal, RoundPlan, RoundResult
 from ..core.sampling import (SamplingParams, accept_reject, follow_choices, greedy_accept, probs, sample,
                              verify_tree)
 from ..core.stats import GenerationStats
-from ..core.token_tree import TokenTree
+from ..core.token_tree import TokenTree, common_prefix
 from ..draft import Proposer, resolve
 from ..draft.base import DraftContext
 from ..draft.grammar import with_grammar
@@ -36,13 +36,6 @@ from ..io.text import ChatTemplate
 from .generation import Generation, GenerationOptions, run_rounds
 
 PREFILL_CHUNK = 256
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """The length of the longest common prefix of two token lists."""
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(diff[0]) if len(diff) else n
 
 
 def forward_tokens(lm, ids: list[int], cache) -> np.ndarray | None:

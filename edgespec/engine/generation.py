@@ -171,8 +171,7 @@ def run_rounds(decoder, input_ids: list[int], o: GenerationOptions, proposers: l
         coupling = GumbelCoupling(seed, decoder.width)
     stats.coupling = "gumbel" if coupling is not None else ("greedy" if sp.greedy else "standard")
     t_start = time.perf_counter()
-    draft_prompt = list(o.draft_prompt) if o.draft_prompt is not None else None
-    new, result = [decoder.prefill(input_ids, sp, rng, coupling, draft_prompt)], None
+    new, result = [decoder.prefill(input_ids, sp, rng, coupling, o.draft_prompt)], None
     stats.prefill_ms = (time.perf_counter() - t_start) * 1e3
     decoder.generations = generation = decoder.generations + 1
     policy.begin()
