@@ -370,3 +370,27 @@ def test_the_voice_use_and_the_bench_voice_class_get_the_voice_prior(monkeypatch
     presets.k_policy(object(), None, memory="chat")
     presets.k_policy(object(), None)
     assert got == [presets.ANSWER_PRIORS["voice"], None, None]
+
+
+def test_keep_margin_band():
+    """The proposer of the last round keeps running while it is at most ``keep_margin`` below a plain step;
+    a new start needs the ``hysteresis`` above it. K = 1 at 110 + 30 ms breaks even at alpha 0.4."""
+    def at(alpha, last, **kw):
+        pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=30.0), k_max=1, **kw)
+        pol.counts["draft"], pol.rounds["draft"] = [alpha * 10, (1 - alpha) * 10], 5
+        pol.last_proposer = last
+        return _choose(pol, lag=1)
+
+    assert at(0.38, None) == ("draft", 0)  # 1.5% below plain: not started
+    assert at(0.38, "draft") == ("draft", 1)  # but kept
+    assert at(0.25, "draft") == ("draft", 0)  # 11% below: stopped
+    assert at(0.38, "draft", keep_margin=-0.03) == ("draft", 0)  # the band closed: the hysteresis both ways
+    assert at(0.45, None) == ("draft", 1)
+    pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=30.0))
+    _observe(pol, "draft", 1, 1, 30.0, 140.0)
+    assert pol.last_proposer == "draft"
+    _observe(pol, "draft", 0, 0, None, 100.0)
+    assert pol.last_proposer is None
+    pol.last_proposer = "draft"
+    pol.begin()
+    assert pol.last_proposer is None  # a new answer starts from a plain step

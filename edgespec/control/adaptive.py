@@ -73,14 +73,19 @@ class AdaptiveK(KPolicy):
 
     ``alpha0``: the prior acceptance of a draft-model proposer; ``model_free_alpha0`` (default 0.7): that of a
     proposer without a model (prompt lookup, suffix, grammar; its old keyword ``lookup_alpha0=`` is still read);
-    ``decay``: the acceptance counts' forgetting per round; ``hysteresis``: the margin by which a round must beat
-    plain decoding in predicted tokens/ms (``catchup_margin`` when it means paying a draft catch-up longer than a
-    plain step); ``probe_every`` / ``probe_k``: a probe round of ``probe_k`` after that many plain steps;
-    ``tree_budgets``: the node counts tried for proposers sized by nodes; ``free_k_max``: the longest proposal
-    of a model-free proposer (default 2 × ``k_max``: it costs only verified rows). ``latency_budget_ms``: ms
-    per round, None for none. ``answer_prior``: the expected length of an answer (new tokens) before any
-    answer has been seen, the prior of the use (:data:`~edgespec.engine.presets.ANSWER_PRIORS`: a voice answer
-    is one or two sentences); None: half of what the request allows (:meth:`expected_remaining`).
+    ``decay``: the acceptance counts' forgetting per round (0.9: a memory of ~10 rounds; at 0.8 two rejections
+    at K = 1 priced the draft out of chat answers it paid on, ``bench/controller_replay.py``); ``hysteresis``:
+    the margin by which a round must beat plain decoding in predicted tokens/ms (``catchup_margin`` when it
+    means paying a draft catch-up longer than a plain step); ``keep_margin``: the fraction by which the
+    proposer of the last round may fall below a plain step and still run this one (the other side of the
+    hysteresis band: an estimate of a few rounds' tokens swings below break-even on text it pays on);
+    ``probe_every`` / ``probe_k``: a probe round of
+    ``probe_k`` after that many plain steps (``probe_k`` is also the size of a model-free proposer's first
+    try); ``tree_budgets``: the node counts tried for proposers sized by nodes; ``free_k_max``: the longest
+    proposal of a model-free proposer (default 2 × ``k_max``: it costs only verified rows).
+    ``latency_budget_ms``: ms per round, None for none. ``answer_prior``: the expected length of an answer (new
+    tokens) before any answer has been seen, the prior of the use (:data:`~edgespec.engine.presets.ANSWER_PRIORS`:
+    a voice answer is one or two sentences); None: half of what the request allows (:meth:`expected_remaining`).
 
     Raises:
         ValueError: both ``model_free_alpha0`` and its old name ``lookup_alpha0`` given; ``answer_prior`` not a
@@ -90,11 +95,11 @@ class AdaptiveK(KPolicy):
     honours_budget = True
 
     def __init__(self, cost: CostModel, k_max: int = 6, latency_budget_ms: float | None = None,
-                 alpha0: float = 0.7, decay: float = 0.8, hysteresis: float = 0.03, probe_every: int = 8,
-                 probe_k: int = 2, model_free_alpha0: float | None = None,
+                 alpha0: float = 0.7, decay: float = 0.9, hysteresis: float = 0.03, probe_every: int = 8,
+                 probe_k: int = 1, model_free_alpha0: float | None = None,
                  tree_budgets: tuple[int, ...] = (4, 6, 8, 12), catchup_margin: float = 0.10,
                  free_k_max: int | None = None, *, lookup_alpha0: float | None = None,
-                 answer_prior: float | None = None):
+                 answer_prior: float | None = None, keep_margin: float = 0.10):
         if answer_prior is not None and (isinstance(answer_prior, bool) or not isinstance(answer_prior, (int, float))
                                          or not math.isfinite(answer_prior) or answer_prior <= 0):
             raise ValueError(f"answer_prior {answer_prior!r}: a finite number of tokens > 0 expected")
@@ -104,7 +109,8 @@ class AdaptiveK(KPolicy):
             model_free_alpha0 = lookup_alpha0
         self.k_max, self.latency_budget_ms = k_max, latency_budget_ms
         self.free_k_max = 2 * k_max if free_k_max is None else free_k_max
-        self.hysteresis, self.catchup_margin = hysteresis, catchup_margin
+        self.hysteresis, self.catchup_margin, self.keep_margin = hysteresis, catchup_margin, keep_margin
+        self.last_proposer: str | None = None  # the proposer of the last round (None: a plain step)
         self.probe_every, self.probe_k = probe_every, probe_k
         self.plain_run = 0  # plain steps since the last proposal: a probe after probe_every
         self._offered_match: dict[str, int] = {}  # the match of each proposer's offer in the last choose()
@@ -154,6 +160,7 @@ class AdaptiveK(KPolicy):
         """A new answer starts (called by the decoder after its prefill)."""
         self.answer.begin()
         self.plain_run = 0
+        self.last_proposer = None
         self.acceptance.begin()
 
     def end(self, new_tokens: int) -> None:
@@ -336,9 +343,12 @@ class AdaptiveK(KPolicy):
     def _margin(self, p: "Proposer", catchup_ms: float) -> float:
         """The fraction by which a round of ``p`` must beat a plain step in tokens/ms: ``hysteresis``, or the
         larger ``catchup_margin`` when it means paying a draft catch-up longer than a plain step now (a sure cost
-        against a gain that rests on estimates of acceptance and of the answer's length)."""
+        against a gain that rests on estimates of acceptance and of the answer's length); ``-keep_margin`` (it
+        may fall that far below) when ``p`` ran the last round and no such catch-up is due."""
         if p.uses_draft and catchup_ms > self.plain_ms:
             return max(self.hysteresis, self.catchup_margin)
+        if p.name == self.last_proposer:
+            return -self.keep_margin
         return self.hysteresis
 
     def _pays(self, c: Candidate, catchup_ms: float) -> bool:
@@ -347,9 +357,9 @@ class AdaptiveK(KPolicy):
 
     def _first_try(self, o: Offer) -> RoundPlan | None:
         """A model-free proposer never tried, offering 2 tokens or more: a round of ``probe_k`` (fewer if it
-        offers fewer), so that its alpha is learned (it costs only a couple of extra verified rows; a longer one
-        cost a 12-token voice answer ~10%; the per-match estimates lengthen later tries). None otherwise, or if
-        it does not fit the budget."""
+        offers fewer), so that its alpha is learned (at the default ``probe_k`` = 1 it costs one extra verified
+        row; a longer one cost a 12-token voice answer ~10%; the per-match estimates lengthen later tries). None
+        otherwise, or if it does not fit the budget."""
         p = o.proposer
         size = min(o.limit, self.free_k_max, self.probe_k)
         if not self.acceptance.tried(p.name) and o.limit >= 2 and self._fits(p, size):
@@ -398,6 +408,7 @@ class AdaptiveK(KPolicy):
         scales, overhead factor, catch-up per token, p90 spread) and the proposer's acceptance (per match) or,
         for a proposer sized by nodes, its tokens per node budget."""
         p, k = result.proposer, result.size
+        self.last_proposer = p.name if p is not None and k > 0 else None
         self.answer.generated += result.accepted + 1
         self.costs.observe(result, tracked=self.latency_budget_ms is not None)
         if p is None or k == 0:

@@ -127,7 +127,7 @@ class Acceptance:
     rounds observed over the controller's life. Both persist (:mod:`.memory`).
     """
 
-    def __init__(self, alpha0: float = 0.7, model_free_alpha0: float = 0.7, decay: float = 0.8):
+    def __init__(self, alpha0: float = 0.7, model_free_alpha0: float = 0.7, decay: float = 0.9):
         self.alpha0, self.model_free_alpha0, self.decay = alpha0, model_free_alpha0, decay
         self.counts: dict[str, list[float]] = {}
         self.rounds: dict[str, int] = {}
