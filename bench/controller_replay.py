@@ -42,6 +42,7 @@ import numpy as np
 from edgespec.control.adaptive import AdaptiveK
 from edgespec.control.calibrate import CostModel
 from edgespec.core.round import Offer, RoundPlan, RoundResult, Situation
+from edgespec.core.sampling import top1_probability
 from edgespec.draft.chain import DraftChain
 from edgespec.draft.lookup import PromptLookup, ngram_match
 
@@ -61,11 +62,10 @@ def _argmax_rows(lm, ids: list[int], start: int, chunk: int = 64, probs: bool = 
         lo = max(start - s, 0)
         if lo >= len(part):
             continue
-        rows = np.asarray(logits[lo:], dtype=np.float64)
+        rows = logits[lo:]
         tops += rows.argmax(axis=1).tolist()
-        if probs:
-            z = rows - rows.max(axis=1, keepdims=True)
-            p1 += (1.0 / np.exp(z).sum(axis=1)).tolist()
+        if probs:  # the decoder's own measure of the confidence prior
+            p1 += [top1_probability(row) for row in rows]
     return tops, p1
 
 
@@ -73,7 +73,6 @@ def record_prompt(dec, messages, max_new: int = MAX_NEW) -> dict:
     """One recording: ``ids`` (the prompt), ``answer`` (plain greedy decoding's new tokens, a stop token
     included), ``match`` (the draft's greedy token at each answer position equals the answer's) and ``top1``
     (the target's top-1 probability at each answer position), all as JSON lists."""
-    dec.reset()
     return record_ids(dec, [int(t) for t in dec.encode(messages=list(messages))], max_new)
 
 
@@ -148,6 +147,16 @@ def _policy(name: str, cost: CostModel, cls: str):
     raise SystemExit(f"unknown policy {name!r}")
 
 
+def _accepted(hits) -> int:
+    """The accepted length of a greedy proposal: its leading run of tokens that equal the answer's."""
+    acc = 0
+    for hit in hits:
+        if not hit:
+            break
+        acc += 1
+    return acc
+
+
 def replay(rec: dict, name: str, costs: Costs, calibration: CostModel, max_new: int = MAX_NEW) -> dict:
     """Decode time (ms, after the first token) and rounds of policy ``name`` on recording ``rec``."""
     ids, ans, match, top1 = rec["ids"], rec["answer"], rec["match"], rec["top1"]
@@ -162,6 +171,7 @@ def replay(rec: dict, name: str, costs: Costs, calibration: CostModel, max_new: 
         remaining = max_new - c
         cap = remaining - 1
         lag = len(committed) - draft_len
+        lookup: list[int] = []  # prompt lookup's continuation this round
         if not props or cap < 1:
             plan = RoundPlan()
         elif isinstance(policy, AdaptiveK):
@@ -170,8 +180,8 @@ def replay(rec: dict, name: str, costs: Costs, calibration: CostModel, max_new: 
                 if p.uses_draft:
                     offers.append(Offer(p, cap))
                 else:
-                    cont, m = ngram_match(committed, cap)
-                    offers.append(Offer(p, len(cont), m))
+                    lookup, m = ngram_match(committed, cap)
+                    offers.append(Offer(p, len(lookup), m))
             plan = policy.choose(Situation(tuple(offers), lag, remaining))
             plan = RoundPlan(plan.proposer, min(plan.k, cap)) if plan.proposer is not None else plan
         else:
@@ -184,9 +194,7 @@ def replay(rec: dict, name: str, costs: Costs, calibration: CostModel, max_new: 
             c += 1
         else:
             if p.uses_draft:
-                acc = 0
-                while acc < k and c + acc < n and match[c + acc]:
-                    acc += 1
+                acc = _accepted(match[c:c + k])
                 step = costs.jitter(true.draft_ms)
                 catch = costs.jitter((lag - 1) * true.draft_prefill_ms) if lag > 1 else 0.0
                 draft_ms = catch + k * step
@@ -194,11 +202,9 @@ def replay(rec: dict, name: str, costs: Costs, calibration: CostModel, max_new: 
                 extra = dict(draft_step_ms=step, catchup_ms=catch + step if lag > 1 else 0.0,
                              catchup_tokens=lag - 1)
             else:
-                cont = ngram_match(committed, k)[0][:k]
+                cont = lookup[:k]  # the offer's continuation: the same match, cut to K
                 k = len(cont)
-                acc = 0
-                while acc < k and c + acc < n and cont[acc] == ans[c + acc]:
-                    acc += 1
+                acc = _accepted(t == a for t, a in zip(cont, ans[c:]))
                 draft_ms, extra = 0.0, {}
             verify = costs.jitter(true.t_verify(k + 1))
             ms = draft_ms + verify

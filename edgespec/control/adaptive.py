@@ -79,9 +79,8 @@ class AdaptiveK(KPolicy):
     means paying a draft catch-up longer than a plain step); ``keep_margin``: the fraction by which the
     proposer of the last round may fall below a plain step and still run this one (the other side of the
     hysteresis band: an estimate of a few rounds' tokens swings below break-even on text it pays on);
-    ``probe_every`` / ``probe_k``: a probe round of
-    ``probe_k`` after that many plain steps (``probe_k`` is also the size of a model-free proposer's first
-    try); ``tree_budgets``: the node counts tried for proposers sized by nodes; ``free_k_max``: the longest
+    ``probe_every`` / ``probe_k``: a probe round of ``probe_k`` after that many plain steps (``probe_k`` is
+    also the size of a model-free proposer's first try); ``tree_budgets``: the node counts tried for proposers sized by nodes; ``free_k_max``: the longest
     proposal of a model-free proposer (default 2 × ``k_max``: it costs only verified rows).
     ``latency_budget_ms``: ms per round, None for none. ``answer_prior``: the expected length of an answer (new
     tokens) before any answer has been seen, the prior of the use (:data:`~edgespec.engine.presets.ANSWER_PRIORS`:
