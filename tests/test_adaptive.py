@@ -378,7 +378,7 @@ def test_keep_margin_band():
     def at(alpha, last, **kw):
         pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=30.0), k_max=1, **kw)
         pol.counts["draft"], pol.rounds["draft"] = [alpha * 10, (1 - alpha) * 10], 5
-        pol.last_proposer = last
+        pol.running = {last} if last else set()
         return _choose(pol, lag=1)
 
     assert at(0.38, None) == ("draft", 0)  # 1.5% below plain: not started
@@ -388,9 +388,25 @@ def test_keep_margin_band():
     assert at(0.45, None) == ("draft", 1)
     pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=30.0))
     _observe(pol, "draft", 1, 1, 30.0, 140.0)
-    assert pol.last_proposer == "draft"
+    assert pol.running == {"draft"}
+    _observe(pol, "lookup", 2, 2, None, 120.0)
+    assert pol.running == {"draft", "lookup"}  # a lookup round does not end the draft's run
     _observe(pol, "draft", 0, 0, None, 100.0)
-    assert pol.last_proposer is None
-    pol.last_proposer = "draft"
+    assert pol.running == set()  # a plain step does
+    pol.running.add("draft")
     pol.begin()
-    assert pol.last_proposer is None  # a new answer starts from a plain step
+    assert pol.running == set()  # a new answer starts from a plain step
+
+
+def test_a_lookup_round_keeps_the_drafts_band():
+    """Between two draft rounds a lookup round leaves the draft in its keep band (replayed on chat answers, a
+    lookup round made the draft, 1.5% below plain, need the +3% of a new start and wait for a probe)."""
+    pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=30.0), k_max=1)
+    pol.counts["draft"], pol.rounds["draft"] = [3.8, 6.2], 5
+    pol.running = {"draft"}
+    _observe(pol, "lookup", 1, 1, None, 110.0)
+    pol.counts["draft"] = [3.8, 6.2]  # alpha 0.38: K = 1 at 140 ms is 1.5% below a plain step
+    assert _choose(pol, lag=1) == ("draft", 1)
+    _observe(pol, "draft", 0, 0, None, 100.0)
+    assert _choose(pol, lag=1) == ("draft", 0)
+

@@ -91,6 +91,18 @@ def test_speedups_are_paired_ratios():
     assert s["alpha"] == 0.5 and s["acceptance_by_position"] == [0.5]
 
 
+def test_a_prompt_file_line_may_carry_a_system_message(tmp_path):
+    from edgespec.bench.prompts import VOICE_SYSTEM, load_file
+
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"class": "voice", "prompt": "Hi", "system": VOICE_SYSTEM}) + "\n"
+                 + json.dumps({"class": "chat", "prompt": "Yo"}) + "\nplain text\n")
+    voice, chat, plain = load_file(f)
+    assert voice.cls == "voice" and voice.messages == ({"role": "system", "content": VOICE_SYSTEM},
+                                                       {"role": "user", "content": "Hi"})
+    assert chat.messages == ({"role": "user", "content": "Yo"},) and plain.cls == "custom"
+
+
 def test_mode_names():
     assert Mode.parse("k4").k == 4 and Mode.parse("adaptive@120").budget_ms == 120
     with pytest.raises(ValueError):

@@ -193,6 +193,22 @@ def test_the_drafts_prompt_catch_up_runs_on_its_prefill_graph(both_export):
     assert dec.draft.prefill_session.runs == 2 and dec.dcache.length == 224
 
 
+def test_the_calibration_prices_the_catch_up_on_the_prefill_graph_and_keys_it(both_export, home):
+    """The cost model's draft catch-up per token is timed on the path a catch-up takes (the draft's prefill graph),
+    and a load without the prefill graphs has a calibration of its own (its catch-up and prefill cost more)."""
+    from edgespec.control.calibrate import calibrate, calibration_path
+    from edgespec.io.onnx_model import SessionMemory
+
+    dec = SpecDecoder.load(both_export)
+    dec.draft.prefill_session = Counting(dec.draft.prefill_session)
+    calibrate(dec, k_max=2, reps=1, use_cache=False)
+    assert dec.draft.prefill_session.runs == 2  # a warm-up, then the timed 128-token feed
+    plain = SpecDecoder.load(both_export, memory=SessionMemory(prefill_graph=False))
+    assert plain.draft.prefill_session is None
+    keys = {calibration_path(d, 2).name for d in (dec, plain)}
+    assert len(keys) == 2 and any("-pt-pd" in k for k in keys)
+
+
 def test_a_later_turn_prefills_alike_after_plain_and_speculative_decoding(both_export):
     """A speculative round that runs past a stop token commits tokens plain decoding never has; the next
     prompt must still reuse the same cached positions, or its rest goes to the int8 graph in one mode and to

@@ -108,7 +108,8 @@ def builtin(per_class: int | None = None, classes: list[str] | None = None) -> l
 
 
 def load_file(path: str | Path) -> list[Prompt]:
-    """Prompts from a file: JSON lines ``{"class": ..., "prompt": ...}`` or plain text, one prompt per line.
+    """Prompts from a file: JSON lines ``{"class": ..., "prompt": ...}`` (an optional ``"system"`` adds a system
+    message before it) or plain text, one prompt per line.
 
     Raises:
         EdgespecError: the file is missing, not UTF-8 text, or holds no prompt.
@@ -125,7 +126,10 @@ def load_file(path: str | Path) -> list[Prompt]:
         if ln.lstrip().startswith("{"):
             try:
                 d = json.loads(ln)
-                out.append(Prompt(str(d.get("class", "custom")), ({"role": "user", "content": str(d["prompt"])},)))
+                msgs = ({"role": "user", "content": str(d["prompt"])},)
+                if d.get("system") is not None:
+                    msgs = ({"role": "system", "content": str(d["system"])},) + msgs
+                out.append(Prompt(str(d.get("class", "custom")), msgs))
             except (ValueError, KeyError, AttributeError):
                 raise EdgespecError(f"{path}:{i}: expected {{\"class\": ..., \"prompt\": ...}}") from None
         else:

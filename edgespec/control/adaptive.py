@@ -76,11 +76,13 @@ class AdaptiveK(KPolicy):
     ``decay``: the acceptance counts' forgetting per round (0.9: a memory of ~10 rounds; at 0.8 two rejections
     at K = 1 priced the draft out of chat answers it paid on, ``bench/controller_replay.py``); ``hysteresis``:
     the margin by which a round must beat plain decoding in predicted tokens/ms (``catchup_margin`` when it
-    means paying a draft catch-up longer than a plain step); ``keep_margin``: the fraction by which the
-    proposer of the last round may fall below a plain step and still run this one (the other side of the
-    hysteresis band: an estimate of a few rounds' tokens swings below break-even on text it pays on);
+    means paying a draft catch-up longer than a plain step); ``keep_margin``: the fraction by which a
+    proposer that has run since the last plain step may fall below a plain step and still run this round (the
+    other side of the hysteresis band: an estimate of a few rounds' tokens swings below break-even on text it
+    pays on; a prompt-lookup round between two draft rounds does not end the draft's run);
     ``probe_every`` / ``probe_k``: a probe round of ``probe_k`` after that many plain steps (``probe_k`` is
-    also the size of a model-free proposer's first try); ``tree_budgets``: the node counts tried for proposers sized by nodes; ``free_k_max``: the longest
+    also the size of a model-free proposer's first try); ``tree_budgets``: the node
+    counts tried for proposers sized by nodes; ``free_k_max``: the longest
     proposal of a model-free proposer (default 2 × ``k_max``: it costs only verified rows).
     ``latency_budget_ms``: ms per round, None for none. ``answer_prior``: the expected length of an answer (new
     tokens) before any answer has been seen, the prior of the use (:data:`~edgespec.engine.presets.ANSWER_PRIORS`:
@@ -109,7 +111,7 @@ class AdaptiveK(KPolicy):
         self.k_max, self.latency_budget_ms = k_max, latency_budget_ms
         self.free_k_max = 2 * k_max if free_k_max is None else free_k_max
         self.hysteresis, self.catchup_margin, self.keep_margin = hysteresis, catchup_margin, keep_margin
-        self.last_proposer: str | None = None  # the proposer of the last round (None: a plain step)
+        self.running: set[str] = set()  # the proposers of the rounds since the last plain step
         self.probe_every, self.probe_k = probe_every, probe_k
         self.plain_run = 0  # plain steps since the last proposal: a probe after probe_every
         self._offered_match: dict[str, int] = {}  # the match of each proposer's offer in the last choose()
@@ -159,7 +161,7 @@ class AdaptiveK(KPolicy):
         """A new answer starts (called by the decoder after its prefill)."""
         self.answer.begin()
         self.plain_run = 0
-        self.last_proposer = None
+        self.running.clear()
         self.acceptance.begin()
 
     def end(self, new_tokens: int) -> None:
@@ -343,10 +345,10 @@ class AdaptiveK(KPolicy):
         """The fraction by which a round of ``p`` must beat a plain step in tokens/ms: ``hysteresis``, or the
         larger ``catchup_margin`` when it means paying a draft catch-up longer than a plain step now (a sure cost
         against a gain that rests on estimates of acceptance and of the answer's length); ``-keep_margin`` (it
-        may fall that far below) when ``p`` ran the last round and no such catch-up is due."""
+        may fall that far below) when ``p`` has run since the last plain step and no such catch-up is due."""
         if p.uses_draft and catchup_ms > self.plain_ms:
             return max(self.hysteresis, self.catchup_margin)
-        if p.name == self.last_proposer:
+        if p.name in self.running:
             return -self.keep_margin
         return self.hysteresis
 
@@ -358,7 +360,8 @@ class AdaptiveK(KPolicy):
         """A model-free proposer never tried, offering 2 tokens or more: a round of ``probe_k`` (fewer if it
         offers fewer), so that its alpha is learned (at the default ``probe_k`` = 1 it costs one extra verified
         row; a longer one cost a 12-token voice answer ~10%; the per-match estimates lengthen later tries). None
-        otherwise, or if it does not fit the budget."""
+        otherwise, or if it does not fit the budget. (A first try at each match length as well was replayed in
+        session 14, ``docs/benchmarks.md``: it helped one 8-token voice answer and cost as much on others.)"""
         p = o.proposer
         size = min(o.limit, self.free_k_max, self.probe_k)
         if not self.acceptance.tried(p.name) and o.limit >= 2 and self._fits(p, size):
@@ -407,7 +410,10 @@ class AdaptiveK(KPolicy):
         scales, overhead factor, catch-up per token, p90 spread) and the proposer's acceptance (per match) or,
         for a proposer sized by nodes, its tokens per node budget."""
         p, k = result.proposer, result.size
-        self.last_proposer = p.name if p is not None and k > 0 else None
+        if p is None or k == 0:
+            self.running.clear()
+        else:
+            self.running.add(p.name)
         self.answer.generated += result.accepted + 1
         self.costs.observe(result, tracked=self.latency_budget_ms is not None)
         if p is None or k == 0:

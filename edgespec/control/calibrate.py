@@ -58,7 +58,9 @@ def calibration_path(decoder, k_max: int) -> Path:
         str(pool_threads() or os.cpu_count()), f"k{k_max}",
         "lk" if decoder.target.has_logits_keep else "",
         f"g{decoder.target.spec.graph_format}",  # formats 2 and 3 of one pair have different cost curves
-    ] + (["kv8"] if "int8" in {getattr(getattr(lm, "spec", None), "kv_cache", "float32")  # an int8 cache
+    ] + [f"p{role}" for role, lm in (("t", decoder.target), ("d", getattr(decoder, "draft", None)))
+         if getattr(lm, "prefill_session", None) is not None]  # a prefill graph: other catch-up and prefill costs
+      + (["kv8"] if "int8" in {getattr(getattr(lm, "spec", None), "kv_cache", "float32")  # an int8 cache
                                 for lm in (decoder.target, getattr(decoder, "draft", None))} else []))  # costs otherwise
     return paths.home() / "calibration" / (key.replace("/", "_") + ".json")
 
@@ -154,9 +156,11 @@ def calibrate(decoder, k_max: int = 6, context: int = 128, reps: int = 5, use_ca
 
     def timed(model, ns):
         model.forward(ids[:8], model.new_cache())  # warm-up: a session's first run is slower
+        if getattr(model, "prefill_session", None) is not None:  # so is the prefill graph's
+            model.forward(ids[:context], model.new_cache(), keep=1, prefill=True)
         cache = model.new_cache()
         t0 = time.perf_counter()
-        model.forward(ids[:context], cache, keep=1)
+        model.forward(ids[:context], cache, keep=1, prefill=True)  # the path a catch-up takes (decoder, draft)
         prefill[model] = (time.perf_counter() - t0) * 1e3 / context
         model.forward(ids[context:context + 1], cache)  # warm-up
         ts = {n: [] for n in ns}
