@@ -373,7 +373,8 @@ def test_the_voice_use_and_the_bench_voice_class_get_the_voice_prior(monkeypatch
 
 
 def test_keep_margin_band():
-    """The proposer of the last round keeps running while it is at most ``keep_margin`` below a plain step;
+    """A proposer that has run since the last plain step keeps running while it is at most ``keep_margin``
+    below a plain step;
     a new start needs the ``hysteresis`` above it. K = 1 at 110 + 30 ms breaks even at alpha 0.4."""
     def at(alpha, last, **kw):
         pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=30.0), k_max=1, **kw)
@@ -398,14 +399,26 @@ def test_keep_margin_band():
     assert pol.running == set()  # a new answer starts from a plain step
 
 
+def test_a_candidate_that_does_not_clear_its_margin_does_not_displace_one_in_its_band():
+    """The draft, in its keep band 1.5% below a plain step, runs even though lookup offers a higher rate that
+    does not clear the +3% of a start (before, the highest rate alone was judged, and a plain step followed)."""
+    pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=30.0), k_max=1, free_k_max=1)
+    pol.counts["draft"], pol.rounds["draft"] = [3.8, 6.2], 5  # K = 1: 1.38 tokens in 140 ms, 0.986 of plain
+    pol.counts["lookup"], pol.rounds["lookup"] = [1.1, 8.9], 5  # K = 1: 1.11 tokens in 110 ms, 1.009 of plain
+    pol.running = {"draft"}
+    assert pol._rate(P["lookup"], 1, 0, 0.0, 128) > pol._rate(P["draft"], 1, 0, 0.0, 128)
+    assert _choose(pol, lookup=2, lag=1) == ("draft", 1)
+    pol.running = set()
+    assert _choose(pol, lookup=2, lag=1) == ("draft", 0)  # neither clears the +3% of a start
+
+
 def test_a_lookup_round_keeps_the_drafts_band():
     """Between two draft rounds a lookup round leaves the draft in its keep band (replayed on chat answers, a
     lookup round made the draft, 1.5% below plain, need the +3% of a new start and wait for a probe)."""
     pol = AdaptiveK(CostModel(list(LINEAR), draft_ms=30.0), k_max=1)
     pol.counts["draft"], pol.rounds["draft"] = [3.8, 6.2], 5
     pol.running = {"draft"}
-    _observe(pol, "lookup", 1, 1, None, 110.0)
-    pol.counts["draft"] = [3.8, 6.2]  # alpha 0.38: K = 1 at 140 ms is 1.5% below a plain step
+    _observe(pol, "lookup", 1, 1, None, 110.0)  # alpha 0.38: K = 1 at 140 ms is 1.5% below a plain step
     assert _choose(pol, lag=1) == ("draft", 1)
     _observe(pol, "draft", 0, 0, None, 100.0)
     assert _choose(pol, lag=1) == ("draft", 0)

@@ -201,12 +201,14 @@ def test_the_calibration_prices_the_catch_up_on_the_prefill_graph_and_keys_it(bo
 
     dec = SpecDecoder.load(both_export)
     dec.draft.prefill_session = Counting(dec.draft.prefill_session)
+    dec.target.prefill_session = Counting(dec.target.prefill_session)
     calibrate(dec, k_max=2, reps=1, use_cache=False)
     assert dec.draft.prefill_session.runs == 2  # a warm-up, then the timed 128-token feed
+    assert dec.target.prefill_session.runs == 0  # the target's feed prices nothing beside a draft
     plain = SpecDecoder.load(both_export, memory=SessionMemory(prefill_graph=False))
     assert plain.draft.prefill_session is None
-    keys = {calibration_path(d, 2).name for d in (dec, plain)}
-    assert len(keys) == 2 and any("-pt-pd" in k for k in keys)
+    keys = [calibration_path(d, 2).name for d in (dec, plain)]
+    assert keys[0] != keys[1] and "-p8" in keys[0] and "-p8" not in keys[1]
 
 
 def test_a_later_turn_prefills_alike_after_plain_and_speculative_decoding(both_export):

@@ -280,8 +280,9 @@ class AdaptiveK(KPolicy):
         1. Each offer's best size by predicted tokens/ms (:meth:`_rate`), the draft's catch-up spread over the
            tokens the answer is still expected to run; a model-free proposer never tried gets a short first try
            instead (:meth:`_first_try`).
-        2. The best of them if it beats a plain step by the margin (:meth:`_margin`); under a budget, with room
-           made for a catch-up that does not fit beside it (:meth:`_make_room`).
+        2. The best of those that beat a plain step by their margin (:meth:`_margin`: a proposer in its keep band
+           is not passed over for one with a higher rate that does not clear the margin of a start); under a
+           budget, with room made for a catch-up that does not fit beside it (:meth:`_make_room`).
         3. Else a plain step, or after ``probe_every`` of them a probe round (:meth:`_probe`).
         """
         remaining = self.expected_remaining(situation.horizon or 128)
@@ -295,8 +296,9 @@ class AdaptiveK(KPolicy):
                 self.plain_run = 0
                 return first
             candidates.append(self._best(o))
-        best = max(candidates, key=lambda c: c.rate, default=None)
-        if best is not None and best.size > 0 and self._pays(best, catchup):
+        paying = [c for c in candidates if c.size > 0 and self._pays(c, catchup)]  # each by its own margin
+        best = max(paying, key=lambda c: c.rate, default=None)
+        if best is not None:
             self.plain_run = 0
             if best.proposer.uses_draft and catchup > 0 and not self._fits(best.proposer, best.size, catchup):
                 return self._make_room(best, catchup, remaining, situation.lag)

@@ -47,7 +47,8 @@ class CostModel:
 
 def calibration_path(decoder, k_max: int) -> Path:
     """Where :func:`calibrate` caches its measurement: one JSON file per export, device, execution provider,
-    thread count and K range, under the user cache."""
+    thread count and K range (and whether the model that prices the catch-up runs a prefill graph), under the
+    user cache."""
     from ..io.onnx_model import pool_threads
 
     m = decoder.manifest
@@ -58,11 +59,16 @@ def calibration_path(decoder, k_max: int) -> Path:
         str(pool_threads() or os.cpu_count()), f"k{k_max}",
         "lk" if decoder.target.has_logits_keep else "",
         f"g{decoder.target.spec.graph_format}",  # formats 2 and 3 of one pair have different cost curves
-    ] + [f"p{role}" for role, lm in (("t", decoder.target), ("d", getattr(decoder, "draft", None)))
-         if getattr(lm, "prefill_session", None) is not None]  # a prefill graph: other catch-up and prefill costs
+    ] + (["p8"] if getattr(_catchup_model(decoder), "prefill_session", None) is not None else [])  # its catch-up
       + (["kv8"] if "int8" in {getattr(getattr(lm, "spec", None), "kv_cache", "float32")  # an int8 cache
                                 for lm in (decoder.target, getattr(decoder, "draft", None))} else []))  # costs otherwise
     return paths.home() / "calibration" / (key.replace("/", "_") + ".json")
+
+
+def _catchup_model(decoder):
+    """The model whose per-token feed cost the cost model keeps (``draft_prefill_ms``): the draft, or the target
+    of a decoder without one."""
+    return decoder.draft if getattr(decoder, "draft", None) is not None else decoder.target
 
 
 def smooth_verify(verify_ms: list[float], tolerance: float = 0.25) -> list[float]:
@@ -156,11 +162,12 @@ def calibrate(decoder, k_max: int = 6, context: int = 128, reps: int = 5, use_ca
 
     def timed(model, ns):
         model.forward(ids[:8], model.new_cache())  # warm-up: a session's first run is slower
-        if getattr(model, "prefill_session", None) is not None:  # so is the prefill graph's
+        feeds = model is _catchup_model(decoder)  # its feed of `context` tokens prices the catch-up
+        if feeds and getattr(model, "prefill_session", None) is not None:  # so is its prefill graph's
             model.forward(ids[:context], model.new_cache(), keep=1, prefill=True)
         cache = model.new_cache()
         t0 = time.perf_counter()
-        model.forward(ids[:context], cache, keep=1, prefill=True)  # the path a catch-up takes (decoder, draft)
+        model.forward(ids[:context], cache, keep=1, prefill=feeds)  # a long catch-up's path: its prefill graph
         prefill[model] = (time.perf_counter() - t0) * 1e3 / context
         model.forward(ids[context:context + 1], cache)  # warm-up
         ts = {n: [] for n in ns}
