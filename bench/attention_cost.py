@@ -15,6 +15,7 @@ output (1, T, heads · D). Shapes: ``--shape target`` is Qwen2.5-1.5B's (12 quer
 ``draft`` Qwen2.5-0.5B's (14, 2, 64). Random data; ms per call, mean of 50 after 3 warm-up calls.
 
     python bench/attention_cost.py [--pasts 128,3500] [--new-rows 1,5] [--shape target|draft] [--no-fp16]
+        [--pool session|spin|shared]
 """
 
 from __future__ import annotations
@@ -134,11 +135,20 @@ def main() -> None:
     ap.add_argument("--shape", choices=tuple(SHAPES), default="target")
     ap.add_argument("--no-fp16", action="store_true", help="skip GroupQueryAttention on float16 inputs")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pool", choices=("session", "spin", "shared"), default="session",
+                    help="session: a per-session pool without spinning (edgespec's per-session setting); spin: the "
+                    "same, spinning; shared: edgespec's process-wide pool (what the CLI, bench and serve run on)")
     a = ap.parse_args()
     heads, kv, hd = SHAPES[a.shape]
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = a.threads
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as edgespec's sessions
+    if a.pool == "shared":
+        from edgespec.io.onnx_model import session_options, use_shared_thread_pool
+
+        use_shared_thread_pool(a.threads)
+        so = session_options()
+    else:
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = a.threads
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if a.pool == "spin" else "0")
     rng = np.random.default_rng(0)
     angles = np.outer(np.arange(CAPACITY), 1 / 10000 ** (np.arange(0, hd, 2) / hd))
     cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)

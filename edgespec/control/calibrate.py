@@ -183,7 +183,7 @@ def calibrate(decoder, k_max: int = 6, context: int = 128, reps: int = 5, use_ca
     verify = smooth_verify([tv[n] for n in range(1, k_max + 2)])
     draft = timed(decoder.draft, [1])[1] if decoder.draft is not None else verify[0]
     cost = CostModel(verify_ms=verify, draft_ms=draft,
-                     draft_prefill_ms=prefill.get(decoder.draft, prefill[decoder.target]))
+                     draft_prefill_ms=prefill[_catchup_model(decoder)])
     if paths.cache_dir("calibration") is not None:  # else: measured again next time (warned once)
         paths.sweep_stale(path.parent)
         paths.write_atomic(path, json.dumps(asdict(cost)))
