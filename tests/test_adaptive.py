@@ -1,5 +1,7 @@
 """Adaptive K and prompt lookup: the controller on an injected cost model, lookup drafting losslessness."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -226,6 +228,29 @@ def test_draft_catch_up_is_amortized_over_the_expected_answer_length():
     pol.begin()
     assert _choose(pol, lag=400, horizon=8) == ("draft", 0)  # only 8 tokens may follow
     assert _choose(pol, lag=400, horizon=10_000)[1] > 0  # the last answer ran 5000 tokens
+
+
+def test_the_catch_up_margin_is_the_catch_ups_share_of_the_remaining_plain_time():
+    """Starting the draft behind a catch-up needs a gain over plain decoding of the catch-up's share of the plain
+    time the answer is still expected to take, between the hysteresis (+3%) and +10% (session 15; sessions
+    5–14: always +10%): a small catch-up against a long answer starts the draft at +9%, a large one against a
+    short answer does not at +4%."""
+    cost = CostModel(list(LINEAR), draft_ms=40.0, draft_prefill_ms=2.0)
+    small = AdaptiveK(cost, alpha0=0.65)  # 59 tokens × 2 ms of catch-up over 200 expected tokens: share 0.6%
+    gain = small._best(Offer(P["draft"], 99), 118.0, 200.0).rate * small.plain_ms
+    assert 1.05 < gain < 1.10
+    assert _choose(small, lag=60, horizon=400) == ("draft", 1)
+    fixed = AdaptiveK(cost, alpha0=0.65, catchup_weight=math.inf)  # the rule before session 15: +10%
+    assert _choose(fixed, lag=60, horizon=400) == ("draft", 0)
+    large = AdaptiveK(cost, alpha0=0.7)  # 299 tokens × 2 ms over 75 expected tokens: share 8%
+    gain = large._best(Offer(P["draft"], 99), 598.0, 75.0).rate * large.plain_ms
+    assert 1.03 < gain < 1.08  # clears the hysteresis, not the catch-up's share
+    assert _choose(large, lag=300, horizon=150) == ("draft", 0)
+    assert large._margin(P["draft"], 598.0, 75.0) == pytest.approx(598.0 / (75.0 * 100.0))
+    half = AdaptiveK(cost, alpha0=0.7, catchup_weight=0.5)  # the weight scales the share
+    assert half._margin(P["draft"], 598.0, 75.0) == pytest.approx(0.5 * 598.0 / (75.0 * 100.0))
+    assert large._margin(P["draft"], 598.0, 5.0) == pytest.approx(0.10)  # never more than catchup_margin
+    assert large._margin(P["draft"], 50.0, 75.0) == large.hysteresis  # no catch-up longer than a plain step
 
 
 def test_an_answer_longer_than_every_earlier_one_pays_the_catch_up_once_it_ran_long_enough():

@@ -75,8 +75,10 @@ class AdaptiveK(KPolicy):
     proposer without a model (prompt lookup, suffix, grammar; its old keyword ``lookup_alpha0=`` is still read);
     ``decay``: the acceptance counts' forgetting per round (0.9: a memory of ~10 rounds; at 0.8 two rejections
     at K = 1 priced the draft out of chat answers it paid on, ``bench/controller_replay.py``); ``hysteresis``:
-    the margin by which a round must beat plain decoding in predicted tokens/ms (``catchup_margin`` when it
-    means paying a draft catch-up longer than a plain step); ``keep_margin``: the fraction by which a
+    the margin by which a round must beat plain decoding in predicted tokens/ms; when it means paying a draft
+    catch-up longer than a plain step, the larger of that and the catch-up's share of the plain time the answer
+    is still expected to take times ``catchup_weight``, at most ``catchup_margin`` (:meth:`_margin`;
+    ``catchup_weight=math.inf`` gives the fixed ``catchup_margin`` of sessions 5–14); ``keep_margin``: the fraction by which a
     proposer that has run since the last plain step may fall below a plain step and still run this round (the
     other side of the hysteresis band: an estimate of a few rounds' tokens swings below break-even on text it
     pays on; a prompt-lookup round between two draft rounds does not end the draft's run);
@@ -100,7 +102,7 @@ class AdaptiveK(KPolicy):
                  probe_k: int = 1, model_free_alpha0: float | None = None,
                  tree_budgets: tuple[int, ...] = (4, 6, 8, 12), catchup_margin: float = 0.10,
                  free_k_max: int | None = None, *, lookup_alpha0: float | None = None,
-                 answer_prior: float | None = None, keep_margin: float = 0.10):
+                 answer_prior: float | None = None, keep_margin: float = 0.10, catchup_weight: float = 1.0):
         if answer_prior is not None and (isinstance(answer_prior, bool) or not isinstance(answer_prior, (int, float))
                                          or not math.isfinite(answer_prior) or answer_prior <= 0):
             raise ValueError(f"answer_prior {answer_prior!r}: a finite number of tokens > 0 expected")
@@ -111,6 +113,7 @@ class AdaptiveK(KPolicy):
         self.k_max, self.latency_budget_ms = k_max, latency_budget_ms
         self.free_k_max = 2 * k_max if free_k_max is None else free_k_max
         self.hysteresis, self.catchup_margin, self.keep_margin = hysteresis, catchup_margin, keep_margin
+        self.catchup_weight = catchup_weight
         self.running: set[str] = set()  # the proposers of the rounds since the last plain step
         self.probe_every, self.probe_k = probe_every, probe_k
         self.plain_run = 0  # plain steps since the last proposal: a probe after probe_every
@@ -296,7 +299,7 @@ class AdaptiveK(KPolicy):
                 self.plain_run = 0
                 return first
             candidates.append(self._best(o))
-        paying = [c for c in candidates if c.size > 0 and self._pays(c, catchup)]  # each by its own margin
+        paying = [c for c in candidates if c.size > 0 and self._pays(c, catchup, remaining)]  # each by its margin
         best = max(paying, key=lambda c: c.rate, default=None)
         if best is not None:
             self.plain_run = 0
@@ -343,20 +346,29 @@ class AdaptiveK(KPolicy):
                     best = Candidate(o, k, rate)
         return best
 
-    def _margin(self, p: "Proposer", catchup_ms: float) -> float:
-        """The fraction by which a round of ``p`` must beat a plain step in tokens/ms: ``hysteresis``, or the
-        larger ``catchup_margin`` when it means paying a draft catch-up longer than a plain step now (a sure cost
-        against a gain that rests on estimates of acceptance and of the answer's length); ``-keep_margin`` (it
-        may fall that far below) when ``p`` has run since the last plain step and no such catch-up is due."""
+    def _margin(self, p: "Proposer", catchup_ms: float, remaining: float = 128.0) -> float:
+        """The fraction by which a round of ``p`` must beat a plain step in tokens/ms: ``hysteresis``; when it
+        means paying a draft catch-up of ``catchup_ms`` longer than a plain step now, the catch-up's share of the
+        plain time of the ``remaining`` tokens the answer is expected to run, times ``catchup_weight``, between
+        ``hysteresis`` and ``catchup_margin``. The catch-up is a sure cost against a gain that rests on two
+        estimates, alpha and the answer's length; the rate already spreads it over the answer, and the margin
+        counts it once more, so the larger it is against what it serves, the surer the gain must be, up to +10%:
+        a 44-token code prompt read by the draft in 5% of a 64-token answer's plain time needs +5% (its alpha of
+        ~0.83 from the target's confidence clears that at K = 3; the fixed +10% of sessions 5–14 kept the draft
+        off code it paid on, ``bench/controller_replay.py``, docs/benchmarks.md session 15), a voice prompt read
+        in 13% of a 24-token answer's needs +10%. ``-keep_margin`` (it may fall that far below) when ``p`` has
+        run since the last plain step and no such catch-up is due."""
         if p.uses_draft and catchup_ms > self.plain_ms:
-            return max(self.hysteresis, self.catchup_margin)
+            share = catchup_ms / (max(remaining, 1.0) * self.plain_ms)
+            return max(self.hysteresis, min(self.catchup_margin, self.catchup_weight * share))
         if p.name in self.running:
             return -self.keep_margin
         return self.hysteresis
 
-    def _pays(self, c: Candidate, catchup_ms: float) -> bool:
-        """Whether candidate ``c`` beats a plain step (1 token in ``plain_ms``) by its margin."""
-        return c.rate >= (1 + self._margin(c.proposer, catchup_ms)) / self.plain_ms
+    def _pays(self, c: Candidate, catchup_ms: float, remaining: float = 128.0) -> bool:
+        """Whether candidate ``c`` beats a plain step (1 token in ``plain_ms``) by its margin (:meth:`_margin`;
+        ``remaining``: the answer's expected remaining tokens)."""
+        return c.rate >= (1 + self._margin(c.proposer, catchup_ms, remaining)) / self.plain_ms
 
     def _first_try(self, o: Offer) -> RoundPlan | None:
         """A model-free proposer never tried, offering 2 tokens or more: a round of ``probe_k`` (fewer if it
@@ -374,7 +386,7 @@ class AdaptiveK(KPolicy):
         """Under a budget that ``best`` does not fit together with its draft catch-up: a smaller size that does
         (if it still pays), else a plain step with part of the catch-up (:meth:`_catchup_round`)."""
         smaller = self._best(best.offer, catchup_ms, remaining, with_catchup=True)
-        if smaller.size > 0 and self._pays(smaller, catchup_ms):
+        if smaller.size > 0 and self._pays(smaller, catchup_ms, remaining):
             return self._plan(smaller.proposer, smaller.size)
         return self._catchup_round(lag)
 
