@@ -135,7 +135,10 @@ def _policy(name: str, cost: CostModel, cls: str):
     kw = {}
     for item in filter(None, opts.split(":")):
         key, _, value = item.partition("=")
-        kw[key] = int(value) if value.isdigit() else float(value)
+        try:
+            kw[key] = int(value) if value.isdigit() else float(value)
+        except ValueError:
+            raise SystemExit(f"policy {name!r}: {key}={value!r} is not a number") from None
     if base == "plain":
         return (), None
     if base.startswith("k") and base[1:].isdigit():
@@ -143,7 +146,10 @@ def _policy(name: str, cost: CostModel, cls: str):
     if base in ("default", "adaptive"):
         props = ((PromptLookup(),) if base == "default" else ()) + (DraftChain(),)
         prior = ANSWER_PRIORS.get(cls)
-        return props, AdaptiveK(cost, k_max=6, answer_prior=prior, **kw)
+        try:
+            return props, AdaptiveK(cost, k_max=6, answer_prior=prior, **kw)
+        except (TypeError, ValueError) as e:
+            raise SystemExit(f"policy {name!r}: {e}") from None
     raise SystemExit(f"unknown policy {name!r}")
 
 

@@ -233,8 +233,8 @@ def test_draft_catch_up_is_amortized_over_the_expected_answer_length():
 def test_the_catch_up_margin_is_the_catch_ups_share_of_the_remaining_plain_time():
     """Starting the draft behind a catch-up needs a gain over plain decoding of the catch-up's share of the plain
     time the answer is still expected to take, between the hysteresis (+3%) and +10% (session 15; sessions
-    5–14: always +10%): a small catch-up against a long answer starts the draft at +9%, a large one against a
-    short answer does not at +4%."""
+    5–14: always +10%): a small catch-up against a long answer starts the draft at +9%; the same catch-up at
+    +5% starts it against 75 expected tokens (share 5.3%) and not against 60 (6.6%)."""
     cost = CostModel(list(LINEAR), draft_ms=40.0, draft_prefill_ms=2.0)
     small = AdaptiveK(cost, alpha0=0.65)  # 59 tokens × 2 ms of catch-up over 200 expected tokens: share 0.6%
     gain = small._best(Offer(P["draft"], 99), 118.0, 200.0).rate * small.plain_ms
@@ -242,15 +242,22 @@ def test_the_catch_up_margin_is_the_catch_ups_share_of_the_remaining_plain_time(
     assert _choose(small, lag=60, horizon=400) == ("draft", 1)
     fixed = AdaptiveK(cost, alpha0=0.65, catchup_weight=math.inf)  # the rule before session 15: +10%
     assert _choose(fixed, lag=60, horizon=400) == ("draft", 0)
-    large = AdaptiveK(cost, alpha0=0.7)  # 299 tokens × 2 ms over 75 expected tokens: share 8%
-    gain = large._best(Offer(P["draft"], 99), 598.0, 75.0).rate * large.plain_ms
-    assert 1.03 < gain < 1.08  # clears the hysteresis, not the catch-up's share
-    assert _choose(large, lag=300, horizon=150) == ("draft", 0)
-    assert large._margin(P["draft"], 598.0, 75.0) == pytest.approx(598.0 / (75.0 * 100.0))
+    # 199 tokens × 2 ms of catch-up; no answer seen, so half the horizon is expected to follow
+    for horizon, share, starts in ((150, 398.0 / 7500.0, True), (120, 398.0 / 6000.0, False)):
+        pol = AdaptiveK(cost, alpha0=0.7)
+        gain = pol._best(Offer(P["draft"], 99), 398.0, horizon / 2).rate * pol.plain_ms
+        assert 1.05 < gain < 1.07  # clears the hysteresis and the share of 128 tokens (3.1%) either way
+        assert pol._margin(P["draft"], 398.0, horizon / 2) == pytest.approx(share)
+        assert (_choose(pol, lag=200, horizon=horizon)[1] > 0) is starts
     half = AdaptiveK(cost, alpha0=0.7, catchup_weight=0.5)  # the weight scales the share
-    assert half._margin(P["draft"], 598.0, 75.0) == pytest.approx(0.5 * 598.0 / (75.0 * 100.0))
+    assert half._margin(P["draft"], 398.0, 60.0) == pytest.approx(0.5 * 398.0 / 6000.0)
+    assert _choose(half, lag=200, horizon=120)[1] > 0
+    large = AdaptiveK(cost, alpha0=0.7)
     assert large._margin(P["draft"], 598.0, 5.0) == pytest.approx(0.10)  # never more than catchup_margin
     assert large._margin(P["draft"], 50.0, 75.0) == large.hysteresis  # no catch-up longer than a plain step
+    for bad in (-0.5, float("nan"), True, "1"):
+        with pytest.raises(ValueError, match="catchup_weight"):
+            AdaptiveK(cost, catchup_weight=bad)
 
 
 def test_an_answer_longer_than_every_earlier_one_pays_the_catch_up_once_it_ran_long_enough():

@@ -76,8 +76,8 @@ class AdaptiveK(KPolicy):
     ``decay``: the acceptance counts' forgetting per round (0.9: a memory of ~10 rounds; at 0.8 two rejections
     at K = 1 priced the draft out of chat answers it paid on, ``bench/controller_replay.py``); ``hysteresis``:
     the margin by which a round must beat plain decoding in predicted tokens/ms; when it means paying a draft
-    catch-up longer than a plain step, the larger of that and the catch-up's share of the plain time the answer
-    is still expected to take times ``catchup_weight``, at most ``catchup_margin`` (:meth:`_margin`;
+    catch-up longer than a plain step, the catch-up's share of the plain time the answer is still expected to
+    take times ``catchup_weight`` (≥ 0), between ``hysteresis`` and ``catchup_margin`` (:meth:`_margin`;
     ``catchup_weight=math.inf`` gives the fixed ``catchup_margin`` of sessions 5–14); ``keep_margin``: the fraction by which a
     proposer that has run since the last plain step may fall below a plain step and still run this round (the
     other side of the hysteresis band: an estimate of a few rounds' tokens swings below break-even on text it
@@ -92,7 +92,7 @@ class AdaptiveK(KPolicy):
 
     Raises:
         ValueError: both ``model_free_alpha0`` and its old name ``lookup_alpha0`` given; ``answer_prior`` not a
-        finite number > 0.
+        finite number > 0; ``catchup_weight`` not a number ≥ 0 (``math.inf`` allowed).
     """
 
     honours_budget = True
@@ -106,6 +106,10 @@ class AdaptiveK(KPolicy):
         if answer_prior is not None and (isinstance(answer_prior, bool) or not isinstance(answer_prior, (int, float))
                                          or not math.isfinite(answer_prior) or answer_prior <= 0):
             raise ValueError(f"answer_prior {answer_prior!r}: a finite number of tokens > 0 expected")
+        if (isinstance(catchup_weight, bool) or not isinstance(catchup_weight, (int, float))
+                or math.isnan(catchup_weight) or catchup_weight < 0):
+            raise ValueError(f"catchup_weight {catchup_weight!r}: a number >= 0 expected (math.inf: the fixed "
+                             "catchup_margin)")
         if lookup_alpha0 is not None:
             if model_free_alpha0 is not None:
                 raise ValueError("give model_free_alpha0 or its old name lookup_alpha0, not both")
@@ -346,17 +350,17 @@ class AdaptiveK(KPolicy):
                     best = Candidate(o, k, rate)
         return best
 
-    def _margin(self, p: "Proposer", catchup_ms: float, remaining: float = 128.0) -> float:
+    def _margin(self, p: "Proposer", catchup_ms: float, remaining: float) -> float:
         """The fraction by which a round of ``p`` must beat a plain step in tokens/ms: ``hysteresis``; when it
         means paying a draft catch-up of ``catchup_ms`` longer than a plain step now, the catch-up's share of the
         plain time of the ``remaining`` tokens the answer is expected to run, times ``catchup_weight``, between
         ``hysteresis`` and ``catchup_margin``. The catch-up is a sure cost against a gain that rests on two
         estimates, alpha and the answer's length; the rate already spreads it over the answer, and the margin
         counts it once more, so the larger it is against what it serves, the surer the gain must be, up to +10%:
-        a 44-token code prompt read by the draft in 5% of a 64-token answer's plain time needs +5% (its alpha of
-        ~0.83 from the target's confidence clears that at K = 3; the fixed +10% of sessions 5–14 kept the draft
-        off code it paid on, ``bench/controller_replay.py``, docs/benchmarks.md session 15), a voice prompt read
-        in 13% of a 24-token answer's needs +10%. ``-keep_margin`` (it may fall that far below) when ``p`` has
+        a 44-token code prompt read by the draft in 5% of a 64-token answer's plain time needs +5% (on session
+        14's Zen 4 costs the fixed +10% of sessions 5–14 kept the draft off code it paid on: replayed 1.11×
+        against 1.23× now and k3's 1.23×, ``bench/controller_replay.py``, docs/benchmarks.md "Session 15"), a
+        voice prompt read in 13% of a 24-token answer's needs +10%. ``-keep_margin`` (it may fall that far below) when ``p`` has
         run since the last plain step and no such catch-up is due."""
         if p.uses_draft and catchup_ms > self.plain_ms:
             share = catchup_ms / (max(remaining, 1.0) * self.plain_ms)
@@ -365,7 +369,7 @@ class AdaptiveK(KPolicy):
             return -self.keep_margin
         return self.hysteresis
 
-    def _pays(self, c: Candidate, catchup_ms: float, remaining: float = 128.0) -> bool:
+    def _pays(self, c: Candidate, catchup_ms: float, remaining: float) -> bool:
         """Whether candidate ``c`` beats a plain step (1 token in ``plain_ms``) by its margin (:meth:`_margin`;
         ``remaining``: the answer's expected remaining tokens)."""
         return c.rate >= (1 + self._margin(c.proposer, catchup_ms, remaining)) / self.plain_ms

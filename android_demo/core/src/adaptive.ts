@@ -10,7 +10,9 @@
  * speculation beats it by a hysteresis margin, and probes every `probeEvery` plain steps. A latency budget B
  * removes every K whose pessimistic round time (the model times the p90 of recent measured/modelled ratios)
  * exceeds B. The draft's one-time catch-up on unseen tokens (prompt, plain-step tokens) is spread over the
- * tokens the answer is still expected to run (mean excess of earlier longer answers, else its length so far).
+ * tokens the answer is still expected to run (mean excess of earlier longer answers, else its length so far), and
+ * a draft round that first pays a catch-up longer than a plain step must beat plain decoding by that catch-up's
+ * share of the remaining plain time (times `catchupWeight`), between the hysteresis and `catchupMargin`.
  * Before any draft round, alpha is the target's mean top-1 probability at plain steps (prior alpha0 as 4 steps).
  */
 import { EdgespecError } from "./errors.js";
@@ -47,6 +49,9 @@ export interface AdaptiveOptions {
   probeEvery?: number;
   probeK?: number;
   catchupMargin?: number;
+  /** Weight of the catch-up's share of the remaining plain time in the margin of a draft start (≥ 0;
+   * Infinity: always `catchupMargin`, the rule before session 15). Default 1. */
+  catchupWeight?: number;
 }
 
 function p90(xs: number[]): number {
@@ -65,6 +70,7 @@ export class AdaptiveK implements KPolicy {
   private readonly probeEvery: number;
   private readonly probeK: number;
   private readonly catchupMargin: number;
+  private readonly catchupWeight: number;
   private counts: [number, number]; // pseudo-counts of accepted / rejected draft tokens
   private overhead = 1; // measured / modelled round time of draft rounds
   private plainMs: number;
@@ -77,7 +83,7 @@ export class AdaptiveK implements KPolicy {
   private generated = 0;
   private ratios: { draft: number[]; plain: number[] } = { draft: [], plain: [] };
 
-  /** Throws EdgespecError on an empty cost model, kMax < 1 or a latency budget ≤ 0. */
+  /** Throws EdgespecError on an empty cost model, kMax < 1, a latency budget ≤ 0 or a catchupWeight < 0. */
   constructor(cost: CostModel, o: AdaptiveOptions = {}) {
     if (!cost.verifyMs.length || !(cost.draftMs > 0)) throw new EdgespecError("the cost model needs verify and draft times");
     this.cost = { ...cost, verifyMs: [...cost.verifyMs] };
@@ -92,6 +98,9 @@ export class AdaptiveK implements KPolicy {
     this.probeEvery = o.probeEvery ?? 8;
     this.probeK = o.probeK ?? 2;
     this.catchupMargin = o.catchupMargin ?? 0.1;
+    this.catchupWeight = o.catchupWeight ?? 1;
+    if (!(typeof this.catchupWeight === "number" && this.catchupWeight >= 0))
+      throw new EdgespecError(`catchupWeight must be a number ≥ 0, got ${this.catchupWeight}`);
     this.counts = [this.alpha0 * 2, (1 - this.alpha0) * 2];
     this.plainMs = tVerify(cost, 1);
     this.catchupMs = cost.draftPrefillMs;
@@ -151,11 +160,19 @@ export class AdaptiveK implements KPolicy {
     return best;
   }
 
+  /** The margin of a draft start behind a catch-up of `catchupMs`: its share of the plain time of the `remaining`
+   * expected tokens, times catchupWeight, between the hysteresis and catchupMargin (Python: AdaptiveK._margin). */
+  private catchupMarginFor(catchupMs: number, remaining: number): number {
+    const share = catchupMs / (Math.max(remaining, 1) * this.plainMs);
+    const weighted = this.catchupWeight === Infinity ? Infinity : this.catchupWeight * share;
+    return Math.max(this.hysteresis, Math.min(this.catchupMargin, weighted));
+  }
+
   choose(lag: number, horizon: number): number {
     const remaining = this.expectedRemaining(horizon);
     const catchup = Math.max(lag - 1, 0) * this.catchupMs;
     const [k, rate] = this.best(catchup, remaining, false);
-    const margin = catchup > this.plainMs ? Math.max(this.hysteresis, this.catchupMargin) : this.hysteresis;
+    const margin = catchup > this.plainMs ? this.catchupMarginFor(catchup, remaining) : this.hysteresis;
     if (k > 0 && rate >= (1 + margin) / this.plainMs) {
       this.plainRun = 0;
       if (catchup > 0 && !this.fits(k, catchup)) {

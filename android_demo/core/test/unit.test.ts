@@ -305,6 +305,25 @@ test("AdaptiveK: speculates when it pays, plain when acceptance collapses, a lat
   assert.throws(() => new AdaptiveK(cost, { latencyBudgetMs: 0 }), EdgespecError);
 });
 
+test("AdaptiveK: a draft start behind a catch-up clears the catch-up's share of the remaining plain time", () => {
+  // the Python test's numbers (tests/test_adaptive.py): t_v(N) = 100 + 10 (N − 1) ms, draft 40 ms, catch-up 2 ms
+  const cost = { verifyMs: [100, 110, 120, 130, 140, 150, 160, 170], draftMs: 40, draftPrefillMs: 2 };
+  const at = (o: object, lag: number, horizon: number, answered: number) => {
+    const a = new AdaptiveK(cost, { alpha0: 0.65, ...o });
+    a.end(answered); // one earlier answer of this length: the catch-up is spread over its excess
+    a.begin();
+    return a.choose(lag, horizon);
+  };
+  // 59 tokens of catch-up (118 ms) over 200 expected tokens: +9% beats a share of 0.6%, not the old +10%
+  assert.equal(at({}, 60, 400, 200), 1);
+  assert.equal(at({ catchupWeight: Infinity }, 60, 400, 200), 0);
+  // 199 tokens (398 ms), alpha0 0.7: +6.9% over 75 tokens (share 5.3%) starts, +5.4% over 60 (6.6%) does not
+  assert.ok(at({ alpha0: 0.7 }, 200, 1000, 75) > 0);
+  assert.equal(at({ alpha0: 0.7 }, 200, 1000, 60), 0);
+  assert.ok(at({ alpha0: 0.7, catchupWeight: 0.5 }, 200, 1000, 60) > 0);
+  for (const bad of [-1, Number.NaN]) assert.throws(() => new AdaptiveK(cost, { catchupWeight: bad }), EdgespecError);
+});
+
 test("chat settings and the cached cost model: bad values refused, a bad cache entry means measure again", () => {
   assert.equal(checkSettings(DEFAULT_SETTINGS).k, "auto");
   assert.throws(() => checkSettings({ ...DEFAULT_SETTINGS, k: -1 }), /K must be/);
