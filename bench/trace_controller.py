@@ -3,6 +3,11 @@ draft's catch-up cost, the expected remaining length and the plan it chose (issu
 starts the draft late). Prints the calibrated cost model first.
 
     python bench/trace_controller.py [EXPORT] --prompts 1 --mode adaptive+lookup [--per-class 3] [--every 1]
+    python bench/trace_controller.py ~/.cache/edgespec/exports/qwen-kv8p --context 3500 --max-new-tokens 48
+
+``--context N`` traces the context sweep's prompt of about N tokens (``edgespec bench --context``: standard-library
+source and a question) instead of built-in prompts. Each line ends with the round's accepted tokens and its
+measured time (ms).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from edgespec.control.adaptive import AdaptiveK
 from edgespec.bench.runner import Mode, run_one
 from edgespec.control.calibrate import calibrate
 from edgespec.engine.decoder import SpecDecoder
+from edgespec.bench.context import long_prompt
 from edgespec.bench.prompts import builtin
 
 
@@ -25,6 +31,9 @@ def main() -> None:
     ap.add_argument("--mode", default="adaptive+lookup")
     ap.add_argument("--every", type=int, default=1, help="print every N-th round")
     ap.add_argument("--rounds", type=int, default=40, help="rounds printed at most")
+    ap.add_argument("--context", type=int, default=None,
+                    help="trace the context sweep's prompt of about this many tokens instead of --prompts")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
     a = ap.parse_args()
     dec = SpecDecoder.load(a.export or paths.default_export_dir(), shared_thread_pool=True)
     dec.generate("Hello", max_new_tokens=4, k=2, proposers=("draft",)).run()  # warm-up
@@ -40,11 +49,24 @@ def main() -> None:
                    f"  plain {self.plain_ms:5.1f} ms  -> {getattr(plan.proposer, 'name', 'plain')} k={plan.k}")
         return plan
 
-    AdaptiveK.choose = traced
-    for i in (int(x) for x in a.prompts.split(",")):
+    observe = AdaptiveK.observe
+
+    def observed(self, r):
+        log[-1] += f"  | accepted {r.accepted}, {r.round_ms:6.1f} ms"
+        return observe(self, r)
+
+    AdaptiveK.choose, AdaptiveK.observe = traced, observed
+    if a.context is not None:
+        try:
+            todo = [("context", long_prompt(dec, a.context))]
+        except ValueError as e:
+            raise SystemExit(f"--context {a.context}: {e}") from None
+    else:
+        todo = [(i, prompts[i]) for i in (int(x) for x in a.prompts.split(","))]
+    for i, prompt in todo:
         log.clear()
-        r = run_one(dec, mode, prompts[i], 128, 0.0, 0)
-        print(f"{prompts[i].cls} #{i}: {r['prompt_tokens']} prompt tokens, {r['new_tokens']} new, "
+        r = run_one(dec, mode, prompt, a.max_new_tokens, 0.0, 0)
+        print(f"{prompt.cls} #{i}: {r['prompt_tokens']} prompt tokens, {r['new_tokens']} new, "
               f"decode {r['decode_tok_s']:.1f} tok/s")
         for line in log[::a.every][:a.rounds]:
             print("  ", line)
