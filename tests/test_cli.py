@@ -116,6 +116,9 @@ CORRUPT = {
     "stop_strings": lambda m: {**m, "special_tokens": {**m["special_tokens"], "stop": ["</s>"]}},
     "no_format": lambda m: {k: v for k, v in m.items() if k != "format"},
     "no_tokenizer": lambda m: {k: v for k, v in m.items() if k != "tokenizer"},
+    "int3": lambda m: {**m, "target": {**m["target"], "quantization": {**m["target"]["quantization"],
+                                                                       "precision": "int3"}}},
+    "files_empty": lambda m: {**m, "files": {}},  # would turn every size and sha256 check off
 }
 
 
@@ -137,10 +140,22 @@ CORRUPT = {
     (["info", "{names_string}"], "input_names must be a list of strings"),
     (["generate", "{stop_strings}", "--prompt", "x"], "stop must be a list of token ids"),
     (["info", "{no_tokenizer}"], '"tokenizer" field is missing'),
+    (["info", "{int3}"], "target.quantization.precision must be one of int4, int8, fp32"),
+    (["generate", "{files_empty}", "--prompt", "x"], "files has no size and sha256 for target/"),
+    (["info", "{manifest_dir}"], "a directory where the manifest file belongs"),
+    # a result file that cannot be written is refused before the run, not after it
+    (["eval", "{export}", "--out", "{missing}/r.json"], "no such directory for --out"),
+    (["eval", "{export}", "--out", "{dir}"], "is a directory, not a file for --out"),
+    (["bench", "{export}", "--out", "{missing}/b"], "no such directory for --out"),
+    (["bench", "{export}", "--out", "{dir}/b"], "b.json: is a directory"),
 ])
 def test_bad_input_message(tiny_export, home, tmp_path, args, says):
-    subs = {"export": str(tiny_export), "file": str(tmp_path / "file")}
+    subs = {"export": str(tiny_export), "file": str(tmp_path / "file"), "missing": str(tmp_path / "nope"),
+            "dir": str(tmp_path / "d")}
     (tmp_path / "file").write_text("x")
+    (tmp_path / "d" / "b.json").mkdir(parents=True)
+    (tmp_path / "manifest_dir" / "edgespec.json").mkdir(parents=True)
+    subs["manifest_dir"] = str(tmp_path / "manifest_dir")
     for name, edit in CORRUPT.items():
         if any("{" + name + "}" in a for a in args):
             subs[name] = str(_corrupted(tiny_export, tmp_path, name, edit))
@@ -149,6 +164,29 @@ def test_bad_input_message(tiny_export, home, tmp_path, args, says):
     assert "Traceback" not in r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("edgespec: error:") and says in lines[0], r.stderr
+
+
+def test_write_json_leaves_nothing_behind_when_it_fails(tmp_path):
+    from edgespec.errors import EdgespecError
+    from edgespec.io.paths import write_json
+
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(EdgespecError, match="cannot write the result"):
+        write_json(tmp_path / "adir", {"a": 1})
+    write_json(tmp_path / "r.json", {"a": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "r.json"]
+    assert json.loads((tmp_path / "r.json").read_text()) == {"a": 1}
+
+
+def test_an_export_path_with_a_tilde_is_the_users(tiny_export, tmp_path, monkeypatch):
+    """``SpecDecoder.load("~/.cache/…")`` as the README writes it, and a quoted ``"~/…"`` at the CLI."""
+    from edgespec.apps.cli_common import export_dir
+
+    (tmp_path / "exports").mkdir()
+    (tmp_path / "exports" / "pair").symlink_to(tiny_export, target_is_directory=True)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert SpecDecoder.load("~/exports/pair").generate("def add", max_new_tokens=2).run()
+    assert export_dir("~/exports/pair", auto_export=False) == tmp_path / "exports" / "pair"
 
 
 @pytest.mark.parametrize("args", [

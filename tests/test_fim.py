@@ -144,6 +144,8 @@ def test_stop_words_and_time_limits():
     ({"samplers": ["top_k", "top_p", "infill"]}, "samplers"), ({"samplers": ["top_p", "temperature"]}, "samplers"),
     ({"id_slot": 3}, "id_slot"), ({"return_tokens": True}, "return_tokens"), ({"cache_prompt": "yes"}, "cache_prompt"),
     ({"temperature": 3}, "temperature"), ({"stop": [1]}, "stop"), ({"lora": []}, "lora"),
+    # JSON types, not Python's ==: 0.0 is not the integer 0, false is not 0, 0 is not false
+    ({"id_slot": 0.0}, "id_slot"), ({"n_probs": False}, "n_probs"), ({"return_tokens": 0}, "return_tokens"),
 ])
 def test_infill_refuses_bad_and_unimplemented_fields(body, param):
     with pytest.raises(RequestError) as e:
@@ -167,6 +169,7 @@ def test_infill_fields():
     ({}, "model"), ({"system": "be brief"}, "system"), ({"options": {"mirostat": 1}}, "options"),
     ({"images": ["x"]}, "images"), ({"keep_alive": 0}, "keep_alive"), ({"prompt": ""}, "prompt"),
     ({"stream": "no"}, "stream"), ({"suffix": 3}, "suffix"), ({"foo": 1}, "foo"),
+    ({"options": []}, "options"), ({"options": 0}, "options"), ({"think": 0}, "think"),
 ])
 def test_ollama_generate_refuses_bad_and_unimplemented_fields(body, param):
     with pytest.raises(RequestError) as e:
@@ -228,6 +231,7 @@ def test_infill_prompt_only_evaluation_then_reuse(server):
     body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "prompt": "", "n_predict": 0}
     status, r = server.post("/infill", json.dumps(body).encode())
     assert status == 200 and r["content"] == "" and r["tokens_predicted"] == 0
+    assert r["generation_settings"]["n_predict"] == 0  # what was asked, not the server's default
     status, r = server.post("/infill", json.dumps({**body, "prompt": "        self", "n_predict": 4}).encode())
     assert status == 200 and r["tokens_cached"] >= r["tokens_evaluated"] - 6
 
@@ -367,7 +371,8 @@ def test_complete_command_equals_plain_decoding(tiny_fim_export, home, fim_api, 
 def test_complete_command_errors_are_one_line(tiny_export, tiny_fim_export, home, tmp_path):
     for args in ((tiny_export, "--prefix-text", "a"), (tiny_fim_export,),
                  (tiny_fim_export, "--prefix-file", tmp_path / "missing.py"),
-                 (tiny_fim_export, "--prefix-file", "-", "--suffix-file", "-")):
+                 (tiny_fim_export, "--prefix-file", "-", "--suffix-file", "-"),
+                 (tiny_fim_export, "--prefix-file", "-", "--extra-file", "-")):  # stdin is read once
         r = _cli(home, *args)
         assert r.returncode == 2 and r.stderr.startswith("edgespec: error: ") and r.stderr.count("\n") == 1, r.stderr
     assert "fill-in-the-middle" in _cli(home, tiny_export, "--prefix-text", "a").stderr

@@ -39,6 +39,26 @@ def test_unknown_completion_fields_are_a_400(field, value):
     assert refused({"prompt": "x", field: value}, chat=False).param == field
 
 
+@pytest.mark.parametrize("body,param", [({"n": True}, "n"), ({"n": 1.0}, "n"), ({"best_of": True}, "best_of"),
+                                        ({"stream_options": {"include_usage": True}}, "stream_options"),
+                                        ({"stream": False, "stream_options": {}}, "stream_options")])
+def test_fields_compare_by_json_type_and_stream_options_needs_stream(body, param):
+    """``true`` is not 1 and ``1.0`` is not the integer 1; ``stream_options`` without ``stream`` is refused
+    (OpenAI does), never silently unused."""
+    assert refused({"prompt": "x", **body}, chat=False).param == param
+
+
+@pytest.mark.parametrize("call,what", [
+    ({"id": "a", "type": "bogus", "function": {"name": "f", "arguments": "{}"}}, ".type"),
+    ({"id": "a", "zzz": 1, "function": {"name": "f", "arguments": "{}"}}, ".zzz"),
+    ({"id": "a", "function": {"name": "f", "arguments": "{}", "extra": 1}}, ".function.extra"),
+])
+def test_an_assistant_tool_call_with_unknown_keys_is_a_400(call, what):
+    msgs = MSGS + [{"role": "assistant", "tool_calls": [call]}]
+    e = refused({"messages": msgs})
+    assert e.param == "messages" and f"tool_calls[0]{what}" in e.message
+
+
 def test_null_fields_count_as_absent_and_every_listed_field_parses():
     assert parse_chat({"messages": MSGS, "functions": None, "audio": None}).extras.tools is None
     body = {"model": "m", "messages": MSGS, "max_tokens": 4, "max_completion_tokens": 4, "n": 1,
@@ -52,7 +72,7 @@ def test_null_fields_count_as_absent_and_every_listed_field_parses():
     assert (x.logprobs, x.presence_penalty, x.logit_bias, x.response_format, x.tool_choice) == \
         (3, 1.0, ((5, -100.0),), "json_object", "auto")
     cbody = {"model": "m", "prompt": "x", "max_tokens": 4, "n": 1, "best_of": 1, "temperature": 0.5, "top_p": 0.9,
-             "top_k": 5, "seed": 1, "stop": "x", "stream": False, "stream_options": {"include_usage": True},
+             "top_k": 5, "seed": 1, "stop": "x", "stream": True, "stream_options": {"include_usage": True},
              "logprobs": 2, "presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1,
              "logit_bias": {}, "echo": False, "user": "u", "edgespec": {}, "suffix": "y"}
     assert set(cbody) == COMPLETION_FIELDS and parse_completion(cbody, 500).extras.logprobs == 2

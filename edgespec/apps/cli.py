@@ -62,8 +62,19 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
 _COMMANDS = ("export", "chat", "generate", "serve", "bench", "eval", "info", "complete", "voice")
 
 
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml's), without importing the package root."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("edgespec")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="edgespec", description="Lossless speculative sampling on onnxruntime.")
+    parser.add_argument("--version", action="version", version=f"edgespec {_version()}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)  # no command: see main()
 
     add_export_parser(sub)
@@ -205,8 +216,8 @@ def _cmd_serve(a) -> int:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
-        raise EdgespecError("the server needs the serve extra: pip install -e '.[serve]' in the edgespec checkout "
-                            "(or pip install 'edgespec[serve]')") from None
+        raise EdgespecError("the server needs the serve extra: pip install -e '.[serve]' in the edgespec checkout"
+                            ) from None
     sock = serve.listen(a.host, a.port)  # before loading: a port in use is said at once
     dec = _load(a)
     engine = serve.Engine(dec, _gen_kwargs(a, dec), a.max_queue, a.max_new_tokens)

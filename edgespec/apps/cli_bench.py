@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..engine import flags
 from ..errors import EdgespecError
-from .cli_common import add_provider_options, export_dir, provider_options, write_json
+from .cli_common import add_provider_options, check_out, export_dir, provider_options, write_json
 
 
 def add_bench_parser(sub) -> None:
@@ -17,7 +17,8 @@ def add_bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="plain vs speculative modes on a prompt set: JSON + PNG")
     p.add_argument("dir", nargs="?", help="export directory (default: the default pair)")
     p.add_argument("--modes", default=None,
-                   help="comma-separated: plain, k<K>, adaptive, adaptive@<ms>, any of them +lookup/+suffix/+tree "
+                   help="comma-separated: plain, k<K>, adaptive, adaptive@<ms>, lookup, suffix, tree<N>, any of the first "
+                        "four +lookup/+suffix/+tree "
                         "(default plain,k1,k2,k4,k6,adaptive,adaptive+lookup; with --context plain,adaptive+lookup; "
                         "adaptive+lookup is what chat, generate and serve run by default)")
     p.add_argument("--context", type=flags.contexts, default=None,
@@ -84,9 +85,7 @@ def cmd_bench(a) -> int:
     prompts = prompt_set(a)
     d = export_dir(a.dir, auto_export=False)
     base = next((a.out[:-len(x)] for x in (".json", ".png") if a.out.endswith(x)), a.out)  # OUT.json, OUT.png
-    json_out, png_out = Path(base + ".json"), Path(base + ".png")
-    if not json_out.parent.is_dir():
-        raise EdgespecError(f"{json_out.parent}: no such directory for --out")
+    json_out, png_out = check_out(Path(base + ".json")), check_out(Path(base + ".png"))
     result = run_bench(d, modes, prompts, a.max_new_tokens, a.temperature, a.seed, a.provider, a.threads,
                        provider_options=provider_options(a),
                        cost=a.cost_curve, progress=not a.json, sessions=not a.new_controller_per_prompt, repeats=a.repeats)
@@ -115,9 +114,7 @@ def _context_sweep(a) -> int:
         Mode.parse(m)
     dirs = [export_dir(a.dir, auto_export=False)] + [export_dir(d, auto_export=False) for d in a.also]
     base = next((a.out[:-len(x)] for x in (".json", ".png") if a.out.endswith(x)), a.out)
-    json_out, png_out = Path(base + ".json"), Path(base + ".png")
-    if not json_out.parent.is_dir():
-        raise EdgespecError(f"{json_out.parent}: no such directory for --out")
+    json_out, png_out = check_out(Path(base + ".json")), check_out(Path(base + ".png"))
     try:
         result = context_sweep(dirs, a.context, modes, a.max_new_tokens, a.provider, a.threads, a.repeats)
     except ValueError as e:
@@ -139,13 +136,14 @@ def cmd_eval(a) -> int:
     from ..engine.decoder import SpecDecoder
     from ..bench.evaluate import run_eval
 
+    out = check_out(Path(a.out)) if a.out else None
     prompts = prompt_set(a)
     d = export_dir(a.dir, auto_export=False)
     dec = SpecDecoder.load(d, provider=a.provider, provider_options=provider_options(a), shared_thread_pool=True)
     r = run_eval(dec, prompts, a.max_new_tokens, a.k, a.draws, a.ll_samples, progress=not a.json)
     r["command"] = "edgespec " + " ".join(sys.argv[1:])
-    if a.out:
-        write_json(Path(a.out), r)
+    if out is not None:
+        write_json(out, r)
     if a.json:
         print(json.dumps(r))
         return 0

@@ -3,30 +3,31 @@ first use), stdin as text, the ``--provider-option`` flags as a dict, and writin
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from ..errors import EdgespecError
 from ..io import paths
+from ..io.paths import check_out, write_json  # noqa: F401  (the commands' result files)
 
-NO_EXPORTER = ("the exporter is not installed: pip install -e '.[export]' in the edgespec checkout "
-               "(or pip install 'edgespec[export]')")
+NO_EXPORTER = ("the exporter is not installed: pip install -e '.[export]' in the edgespec checkout, or copy an "
+               "export directory made elsewhere and name it (README, \"Raspberry Pi\")")
 
 
 def export_dir(arg: str | None, auto_export: bool) -> Path:
     """The export directory ``arg``, or (None) the default pair's in the user cache, exported first when it is not
     there yet and ``auto_export``. Raises EdgespecError: the exporter is needed but not installed."""
     if arg is not None:
-        return Path(arg)
+        return Path(arg).expanduser()  # a quoted "~/…" as well
     d = paths.default_export_dir()
     if not (d / "edgespec.json").is_file() and auto_export:
-        print(f"edgespec: the default pair {paths.DEFAULT_PAIR} is not exported yet; exporting it to {d} "
-              "(once; takes several minutes)", file=sys.stderr)
         try:
             from edgespec.export import export_pair
-        except ImportError:
-            raise EdgespecError(NO_EXPORTER) from None
+        except ImportError:  # a runtime-only install: say so before promising an export
+            raise EdgespecError(f"the default pair {paths.DEFAULT_PAIR} is not exported in {d}, and "
+                                + NO_EXPORTER) from None
+        print(f"edgespec: the default pair {paths.DEFAULT_PAIR} is not exported yet; exporting it to {d} "
+              "(once; takes several minutes)", file=sys.stderr)
         export_pair(None, None)
     return d
 
@@ -45,13 +46,6 @@ def provider_options(a) -> dict:
     from ..io.onnx_model import parse_provider_options
 
     return parse_provider_options(a.provider_option)
-
-
-def write_json(path: Path, data) -> None:
-    """Write ``data`` as JSON to ``path`` through a temporary file beside it (never a half-written result)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
 
 
 def add_provider_options(p) -> None:

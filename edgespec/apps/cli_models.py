@@ -44,7 +44,7 @@ def add_export_parser(sub) -> None:
                    help="the same for the draft (its prompt catch-up)")
     p.add_argument("--kv-int8", action="store_true",
                    help="keep both models' KV caches in int8 (graph format 3; GroupQueryAttention quantizes and reads "
-                        "them natively): a quarter of the cache memory, decode after a 3,500-token context ~1.4x "
+                        "them natively): a quarter of the cache memory, decode after a 3,500-token context 1.3-1.55x "
                         "faster on the 2-core Xeon VM measured (AVX-512/VNNI); alone, long prompts prefill at ~0.7x; "
                         "with --prefill-int8 --draft-prefill-int8 the prefill graphs keep a float32 cache and prompts "
                         "prefill at their speed (docs/benchmarks.md)")

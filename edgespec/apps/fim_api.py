@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from .fim import FimPrompt
+from .request_error import is_one_of
 from .openai_api import RequestError, aliased_int_field, bool_field, float_field, int_field, stop_field, text_field
 
 MAX_EXTRA = 256  # input_extra chunks per request
@@ -102,7 +103,7 @@ def _samplers(body: dict, fields: dict) -> None:
         raise RequestError(400, f"samplers: edgespec applies them once each, in the order {', '.join(SAMPLERS)}",
                            "samplers")
     if "temperature" not in v:
-        if fields["temperature"] not in (None, 1.0):
+        if fields["temperature"] is not None and not is_one_of(fields["temperature"], 1.0):
             raise RequestError(400, "temperature is set but samplers leaves the temperature sampler out",
                                "samplers")
         fields["temperature"] = 1.0
@@ -130,11 +131,11 @@ def parse_infill(body, samplers: str = "refuse") -> FimRequest:
     body = _object(body)
     _unknown(body, INFILL_FIELDS, "/infill")
     n = aliased_int_field(body, "n_predict", "max_tokens", -1)
-    if body.get("id_slot") not in (None, -1, 0):
+    if body.get("id_slot") is not None and not is_one_of(body["id_slot"], -1, 0):
         raise RequestError(400, "id_slot must be -1 or 0 (edgespec serves one slot)", "id_slot")
-    if body.get("return_tokens") not in (None, False):
+    if body.get("return_tokens") is not None and not is_one_of(body["return_tokens"], False):
         raise RequestError(400, "return_tokens is not implemented", "return_tokens")
-    if body.get("n_probs") not in (None, 0):
+    if body.get("n_probs") is not None and not is_one_of(body["n_probs"], 0):
         raise RequestError(400, "n_probs is not implemented", "n_probs")
     if not isinstance(body.get("model", ""), str):
         raise RequestError(400, "model must be a string", "model")
@@ -189,7 +190,7 @@ def parse_ollama_generate(body) -> FimRequest:
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise RequestError(400, "model is required", "model")
     for name in ("system", "template", "context", "images", "format", "think"):
-        if body.get(name) not in (None, "", [], False):
+        if body.get(name) is not None and not is_one_of(body[name], "", [], False):
             raise RequestError(400, f"{name} is not implemented", name)
     keep = body.get("keep_alive")
     if keep is not None and (isinstance(keep, bool) or not isinstance(keep, (str, int, float))):
@@ -197,7 +198,7 @@ def parse_ollama_generate(body) -> FimRequest:
     if keep in (0, "0", "0s", "0m"):
         raise RequestError(400, "keep_alive 0 (unload the model) is not implemented: the model stays loaded",
                            "keep_alive")
-    opts = body.get("options") or {}
+    opts = {} if body.get("options") is None else body["options"]
     if not isinstance(opts, dict):
         raise RequestError(400, "options must be an object", "options")
     bad = sorted(k for k in opts if k not in OLLAMA_OPTIONS and opts[k] is not None)

@@ -70,8 +70,8 @@ def run_complete(a, load, gen_kwargs, stdin) -> int:
         EdgespecError: no prefix and no suffix, unreadable files, stdin used twice, or an export without FIM
             tokens.
     """
-    if a.prefix_file == "-" and a.suffix_file == "-":
-        raise EdgespecError("only one of --prefix-file and --suffix-file can be stdin ('-')")
+    if [a.prefix_file, a.suffix_file, *a.extra_file].count("-") > 1:  # stdin can be read once
+        raise EdgespecError("only one of --prefix-file, --suffix-file and --extra-file can be stdin ('-')")
     if a.n_indent < 0:
         raise EdgespecError("--n-indent must be ≥ 0")
     prefix, suffix = _text(a, "prefix", stdin), _text(a, "suffix", stdin)

@@ -19,7 +19,7 @@ from .fim import DRAFT_WINDOW, FimPrompt, MiddleCutter, build_ids, draft_prompt_
 from .fim_api import (completion_suffix, infill_object, llama_timings, ollama_chunk, ollama_done, ollama_tags,
                       parse_infill, parse_ollama_generate)
 from .openai_api import RequestError, extension_object
-from .serve_job import Job, read_json, wait_disconnect
+from .serve_job import Job, cancel_task, read_json, wait_disconnect
 from ..core.stats import GenerationStats
 
 __all__ = ["completion_suffix", "routes", "suffix_ids", "mark_fim", "draft_view", "evaluate_only"]
@@ -103,7 +103,7 @@ def _settings(engine, job) -> dict:
 
     o = GenerationOptions.with_fields(engine.gen_kwargs.get("options"), job.overrides)
     m = job.matcher
-    return {"n_predict": o.max_new_tokens, "temperature": o.temperature, "top_k": o.top_k, "top_p": o.top_p,
+    return {"n_predict": 0 if job.evaluate_only else o.max_new_tokens, "temperature": o.temperature, "top_k": o.top_k, "top_p": o.top_p,
             "seed": -1 if o.seed is None else o.seed, "stop": list(job.stops), "n_indent": m.n_indent,
             "t_max_predict_ms": m.t_max_predict_ms, "t_max_prompt_ms": m.t_max_prompt_ms,
             "cache_prompt": job.cache_prompt, "n_ctx": engine.decoder.context_length, "model": engine.model,
@@ -124,7 +124,7 @@ async def _events(job, request):
             getter = asyncio.ensure_future(job.events.get())
             done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
             if getter not in done:
-                getter.cancel()
+                cancel_task(getter)
                 return
             ev = getter.result()
             yield ev
@@ -132,7 +132,7 @@ async def _events(job, request):
                 return
     finally:
         job.cancel.set()
-        watcher.cancel()
+        cancel_task(watcher)
 
 
 def routes(engine, max_body_bytes: int) -> list:

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass
 
 from .openai_fields import check_fields, parse_extras, tool_message
-from .request_error import RequestError, error_object  # noqa: F401  (error_object: part of this module's API)
+from .request_error import RequestError, error_object, is_one_of  # noqa: F401  (error_object: part of this module's API)
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_STOP = 4  # as the OpenAI API
@@ -152,13 +152,15 @@ def stop_field(v) -> tuple[str, ...]:
 def _common(body: dict, chat: bool) -> dict:
     """The fields chat and text completions share."""
     check_fields(body, chat)
-    if body.get("n") not in (None, 1):
+    if body.get("n") is not None and not is_one_of(body["n"], 1):
         raise RequestError(400, "n must be 1 (one choice per request)", "n")
     so = body.get("stream_options")
     if so is not None and not isinstance(so, dict):
         raise RequestError(400, "stream_options must be an object", "stream_options")
     for k in set(so or {}) - {"include_usage"}:
         raise RequestError(400, f"stream_options.{k} is not supported (only include_usage)", f"stream_options.{k}")
+    if so is not None and body.get("stream") is not True:  # as OpenAI: never silently unused
+        raise RequestError(400, "stream_options is only allowed when stream is true", "stream_options")
     ext = body.get("edgespec")
     if ext is not None and not isinstance(ext, dict):
         raise RequestError(400, "edgespec must be an object", "edgespec")
@@ -192,7 +194,7 @@ def parse_chat(body) -> Request:
 
 def parse_completion(body, vocab_size: int) -> Request:
     """A ``POST /v1/completions`` body → :class:`Request` (``prompt``: a string, a list of one string, or a
-    list of token ids in [0, vocab_size)). Raises RequestError (400)."""
+    list of token ids in [0, vocab_size): the tokenizer's ids, not a padded head's). Raises RequestError (400)."""
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object")
     p = body.get("prompt")

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 
 from ..core.processors import MAX_TOP_LOGPROBS
-from .request_error import RequestError
+from .request_error import RequestError, is_one_of
 
 # every field a request may carry (null counts as absent); anything else is a 400 naming it
 CHAT_FIELDS = frozenset({
@@ -40,7 +40,7 @@ def check_fields(body: dict, chat: bool) -> None:
     for k in sorted(k for k, v in body.items() if v is not None and k not in known):
         hint = f"; {HINTS[k]}" if k in HINTS else ""
         raise _error(f"{k} is not supported by edgespec serve on this endpoint{hint}", k)
-    if body.get("best_of") not in (None, 1):
+    if body.get("best_of") is not None and not is_one_of(body["best_of"], 1):
         raise _error("best_of must be 1 (one choice per request)", "best_of")
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise _error("user must be a string", "user")
@@ -257,6 +257,12 @@ def tool_message(m: dict, i: int, role: str) -> dict:
             where = f"messages[{i}].tool_calls[{j}]"
             if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not isinstance(c.get("id"), str):
                 raise _error(f"{where} must have an id and a function with a name and arguments", "messages")
+            if c.get("type", "function") != "function":
+                raise _error(f"{where}.type must be \"function\"", "messages")
+            extra = sorted({k for k, v in c.items() if v is not None} - {"id", "type", "function"}) + sorted(
+                f"function.{k}" for k, v in f.items() if v is not None and k not in ("name", "arguments"))
+            if extra:
+                raise _error(f"{where}.{extra[0]} is not supported", "messages")
             try:
                 args = json.loads(f.get("arguments", "{}"))
             except (TypeError, ValueError, RecursionError):  # RecursionError: nested past Python's limit

@@ -23,3 +23,17 @@ def error_object(message: str, kind: str = "invalid_request_error", param: str |
                  code: str | None = None) -> dict:
     """``{"error": {"message", "type", "param", "code"}}`` as the OpenAI API returns it."""
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def is_one_of(value, *allowed) -> bool:
+    """Whether ``value`` equals one of ``allowed`` with the same JSON type: ``True`` is not 1 and ``1.0`` is not
+    an integer 1 (Python's ``==`` says both are), but an integer is a number where a float is allowed."""
+    def same(a) -> bool:
+        if isinstance(a, bool) or isinstance(value, bool):
+            return type(value) is type(a) and value == a
+        if isinstance(a, int) and not isinstance(a, float):
+            return type(value) is int and value == a
+        if isinstance(a, float):
+            return isinstance(value, (int, float)) and value == a
+        return type(value) is type(a) and value == a
+    return any(same(a) for a in allowed)

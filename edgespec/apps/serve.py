@@ -20,7 +20,7 @@ import time
 from .openai_api import (Request, RequestError, StopMatcher, chunk_object, error_object, extension_object,
                          new_id, parse_chat, parse_completion, response_object, usage_object)
 from .serve_fields import encode_request, generation_overrides
-from .serve_job import Job, read_json, wait_disconnect
+from .serve_job import Job, cancel_task, read_json, wait_disconnect
 from .serve_output import Choice
 
 MAX_BODY_BYTES = 4 << 20
@@ -228,7 +228,7 @@ def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):
     async def complete(request, chat: bool):
         try:
             body = await read_json(request, max_body_bytes)
-            req = parse_chat(body) if chat else parse_completion(body, engine.decoder.target.spec.vocab_size)
+            req = parse_chat(body) if chat else parse_completion(body, engine.decoder.n_tokens)
             suffix = None if chat else fim_serve.completion_suffix(body)
             if suffix is None:
                 ids = await run_in_threadpool(encode, req)
@@ -256,7 +256,7 @@ def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):
                 getter = asyncio.ensure_future(job.events.get())
                 done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
                 if getter not in done:  # the client left: free the worker
-                    getter.cancel()
+                    cancel_task(getter)
                     return Response(status_code=499)
                 ev = getter.result()
                 if ev[0] == "text":
@@ -274,7 +274,7 @@ def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):
                                                         choice.logprobs()))
         finally:
             job.cancel.set()
-            watcher.cancel()
+            cancel_task(watcher)
 
     async def chat_completions(request):
         return await complete(request, chat=True)
@@ -339,7 +339,7 @@ async def _sse(job: Job, request, chat: bool, rid: str, model: str, include_usag
         yield b"data: [DONE]\n\n"
     finally:
         job.cancel.set()
-        watcher.cancel()
+        cancel_task(watcher)
 
 
 def listen(host: str, port: int):

@@ -64,6 +64,19 @@ async def read_json(request, limit: int):
         raise RequestError(400, f"the request body is not valid JSON ({str(e)[:80]})") from None
 
 
+_CANCELLED: set = set()  # cancelled tasks, held until they finish: the loop keeps only weak references
+
+
+def cancel_task(task: "asyncio.Future") -> None:
+    """Cancel ``task`` and hold it until it has finished, so that it is never garbage-collected while still
+    pending (asyncio logs "Task was destroyed but it is pending!" for those)."""
+    if task.done():
+        return
+    task.cancel()
+    _CANCELLED.add(task)
+    task.add_done_callback(_CANCELLED.discard)
+
+
 async def wait_disconnect(request) -> None:
     """Returns when the client of ``request`` (a starlette request) disconnects."""
     while True:

@@ -147,6 +147,7 @@ class SpecDecoder:
             EdgespecError: not a complete export, a file or graph that does not match the manifest, or an
                 unknown execution provider.
         """
+        export_dir = Path(export_dir).expanduser()  # "~/.cache/…" as the README writes it
         m = check_export(export_dir)
         if shared_thread_pool and resolve_provider(provider)[0] == CPU:
             use_shared_thread_pool(threads)  # process-wide: before the first session

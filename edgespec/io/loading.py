@@ -38,7 +38,7 @@ def check_export(export_dir: str | Path) -> Manifest:
     Raises:
         EdgespecError: not a complete export, or a file that does not match the manifest.
     """
-    export_dir = Path(export_dir)
+    export_dir = Path(export_dir).expanduser()
     m = load_manifest(export_dir)
     check_files(export_dir, m)
     return m

@@ -207,6 +207,7 @@ def _fields(d: Any, where: str, spec: dict[str, tuple[str, bool]]) -> dict:
     return out
 
 
+PRECISIONS = ("int4", "int8", "fp32")  # what the exporter writes (Quantization)
 _QUANTIZATION = {"precision": ("str", True), "block_size": ("pos?", False), "accuracy_level": ("nonneg?", False),
                  "lm_head_bits": ("pos", False), "embedding_bits": ("pos", False)}
 _GRAPH = {"path": ("str", True), "architecture": ("str", True), "num_layers": ("pos", True),
@@ -273,6 +274,9 @@ def _graph(d: Any, role: str) -> GraphSpec:
         raise _Invalid(f"{role}.kv_scales needs prefill_kv_cache float32 beside an int8 kv_cache (nothing else "
                        f"reads it)")
     d["quantization"] = Quantization(**_fields(d["quantization"], f"{role}.quantization", _QUANTIZATION))
+    if d["quantization"].precision not in PRECISIONS:
+        raise _Invalid(f"{role}.quantization.precision must be one of {', '.join(PRECISIONS)}, got "
+                       f"{_show(d['quantization'].precision)}")
     d["input_names"] = tuple(d["input_names"])
     d["output_names"] = tuple(d["output_names"])
     if d.get("graph_format", 2) > GRAPH_FORMAT:
@@ -337,13 +341,16 @@ def load_manifest(export_dir: str | Path) -> Manifest:
             not an edgespec manifest, of another format, has a missing or wrongly typed field, names a file
             that is missing or (symlinks resolved) outside DIR.
     """
-    export_dir = Path(export_dir)
+    export_dir = Path(export_dir).expanduser()  # "~/…" in Python as in a shell
     paths.recover_export(export_dir)  # a re-export killed between its two renames: finish or undo it
     if export_dir.exists() and not export_dir.is_dir():
         raise EdgespecError(f"{export_dir}: not a directory (expected an edgespec export directory)")
     if not export_dir.is_dir():
-        raise EdgespecError(f"{export_dir}: no such export directory (run `edgespec export` first)")
+        raise EdgespecError(f"{export_dir}: no such export directory (check the path; `edgespec export` writes "
+                            f"the default pair to {paths.default_export_dir()})")
     path = export_dir / MANIFEST_NAME
+    if path.is_dir():
+        raise EdgespecError(f"{path}: a directory where the manifest file belongs (a broken export; export it again)")
     if not path.is_file():
         raise EdgespecError(
             f"{export_dir}: not a complete edgespec export (no {MANIFEST_NAME}; an interrupted export? run it again)"
@@ -367,6 +374,11 @@ def load_manifest(export_dir: str | Path) -> Manifest:
         manifest = _manifest(raw)
     except _Invalid as e:
         raise EdgespecError(f"{path}: invalid manifest: {e}") from None
+    if "files" in raw:  # absent in exports older than the integrity checks; present, it must cover every file
+        unrecorded = [rel for _, rel, _ in named_files(manifest) if rel not in manifest.files]
+        if unrecorded:
+            raise EdgespecError(f"{path}: files has no size and sha256 for {unrecorded[0]} (an edited manifest; "
+                                "export it again)")
     for field_name, rel, required in named_files(manifest):
         p = inside(export_dir, rel, field_name)
         if required and not p.is_file():

@@ -21,7 +21,7 @@ import warnings
 from pathlib import Path
 from typing import Iterator
 
-from ..errors import EdgespecWarning
+from ..errors import EdgespecError, EdgespecWarning
 
 DEFAULT_PAIR = "qwen2.5-coder-1.5b+0.5b"
 _TEMP = re.compile(r"\.(tmp|old)(\d+)$")  # NAME.tmp<pid>, .NAME.old<pid>
@@ -81,6 +81,38 @@ def write_atomic(path: Path, data: bytes | str) -> bool:
         with contextlib.suppress(OSError):
             tmp.unlink()
         return False
+
+
+def check_out(path: Path, flag: str = "--out") -> Path:
+    """``path`` if a result can be written there: its folder exists and it is not itself a folder. Checked before
+    a run, so a long run never ends without a place for its result. Raises EdgespecError: it cannot be."""
+    if not path.parent.is_dir():
+        raise EdgespecError(f"{path.parent}: no such directory for {flag}")
+    if path.is_dir():
+        raise EdgespecError(f"{path}: is a directory, not a file for {flag}")
+    return path
+
+
+def write_json(path: Path, data) -> None:
+    """Write ``data`` as JSON to ``path`` through a temporary file of its own beside it (never a half-written
+    result, nothing left behind, no clash with another run writing the same file). Raises EdgespecError: it
+    cannot be written (one line, naming the file)."""
+    import json
+    import tempfile
+
+    text = json.dumps(data, indent=1)
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as e:
+        raise EdgespecError(f"{path}: cannot write the result ({e.strerror or e})") from None
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def pid_alive(pid: int) -> bool:

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import EdgespecError
 
-VOICE_EXTRA = "pip install -e '.[voice]' in the edgespec checkout (or pip install 'edgespec[voice]')"
+VOICE_EXTRA = "pip install -e '.[voice]' in the edgespec checkout"
 
 
 def _missing(what: str) -> EdgespecError:
