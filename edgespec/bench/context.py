@@ -49,8 +49,9 @@ def context_sweep(export_dirs: list[str | Path], contexts: list[int], modes: lis
 
     Returns ``{"rows": [{export, context, prompt_tokens, mode, decode_tok_s, prefill_tok_s, alpha}], "flat":
     {export: {mode: decode tok/s at the longest context / at the shortest}}, ...}``. Each (export, length,
-    mode) keeps the median-decode-rate run of ``repeats``. Raises ValueError for a length that does not fit
-    an export's context with ``max_new_tokens``.
+    mode) keeps the median-decode-rate run of ``repeats``; each repeat runs every cell once, the exports
+    interleaved, so that a slow stretch of the machine hits short and long contexts alike. Raises ValueError for a
+    length that does not fit an export's context with ``max_new_tokens``.
     """
     from ..control.calibrate import calibrate
 
@@ -62,25 +63,30 @@ def context_sweep(export_dirs: list[str | Path], contexts: list[int], modes: lis
             dec.generate("Hello", max_new_tokens=4, k=2, proposers=proposers).run()
         if any(m.k is None for m in parsed):
             calibrate(dec)
-    rows, text = [], source_text()
+    text = source_text()
+    prompts: dict[tuple[int, str], list[int] | str] = {}
     for n in contexts:
-        prompts = {}
         for name, dec in decs.items():
             if n + max_new_tokens > dec.context_length:
                 raise ValueError(f"{name}: context {n} + {max_new_tokens} new tokens exceeds {dec.context_length}")
-            prompts[name] = long_prompt(dec, n, text)
-        for mode in parsed:
-            runs = {name: [] for name in decs}
-            for _ in range(repeats):
-                for name, dec in decs.items():  # interleaved: a slow stretch of the machine hits both alike
-                    runs[name].append(run_one(dec, mode, prompts[name], max_new_tokens, 0.0, 0))
-            for name, rs in runs.items():
-                rs.sort(key=lambda r: r["decode_tok_s"])
-                r = rs[(len(rs) - 1) // 2]
-                rows.append({"export": name, "context": n, "prompt_tokens": r["prompt_tokens"], "mode": mode.name,
-                             "decode_tok_s": r["decode_tok_s"], "prefill_tok_s": r["prefill_tok_s"],
-                             "new_tokens": r["new_tokens"], "alpha": r["alpha"],
-                             "decode_tok_s_repeats": [x["decode_tok_s"] for x in rs]})
+            prompts[n, name] = long_prompt(dec, n, text)
+    # Every repeat visits every cell (length, mode, export) once, in the same order: a slow stretch of the machine
+    # (minutes, on a shared VM) then hits the short and the long contexts alike instead of biasing their ratio.
+    runs: dict[tuple[int, str, str], list[dict]] = {}
+    for _ in range(repeats):
+        for n in contexts:
+            for mode in parsed:
+                for name, dec in decs.items():
+                    runs.setdefault((n, mode.name, name), []).append(
+                        run_one(dec, mode, prompts[n, name], max_new_tokens, 0.0, 0))
+    rows = []
+    for (n, mode_name, name), rs in runs.items():
+        rs = sorted(rs, key=lambda r: r["decode_tok_s"])
+        r = rs[(len(rs) - 1) // 2]
+        rows.append({"export": name, "context": n, "prompt_tokens": r["prompt_tokens"], "mode": mode_name,
+                     "decode_tok_s": r["decode_tok_s"], "prefill_tok_s": r["prefill_tok_s"],
+                     "new_tokens": r["new_tokens"], "alpha": r["alpha"],
+                     "decode_tok_s_repeats": [x["decode_tok_s"] for x in rs]})
     flat = {}
     for name in decs:
         for mode in modes:
