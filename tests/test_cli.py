@@ -176,6 +176,27 @@ def test_write_json_leaves_nothing_behind_when_it_fails(tmp_path):
     write_json(tmp_path / "r.json", {"a": 1})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "r.json"]
     assert json.loads((tmp_path / "r.json").read_text()) == {"a": 1}
+    umask = os.umask(0o022)
+    try:
+        write_json(tmp_path / "r.json", {"a": 2})
+        assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644  # an ordinary file, not mkstemp's 0600
+    finally:
+        os.umask(umask)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes anywhere")
+def test_check_out_refuses_a_read_only_folder(tmp_path):
+    from edgespec.errors import EdgespecError
+    from edgespec.io.paths import check_out
+
+    (tmp_path / "ro").mkdir(mode=0o555)
+    with pytest.raises(EdgespecError, match="not writable"):
+        check_out(tmp_path / "ro" / "r.json")
+
+
+def test_version(home):
+    r = run(["--version"], home)
+    assert r.returncode == 0 and r.stdout.startswith("edgespec ") and r.stdout.split()[1][0].isdigit()
 
 
 def test_an_export_path_with_a_tilde_is_the_users(tiny_export, tmp_path, monkeypatch):

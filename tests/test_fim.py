@@ -177,6 +177,12 @@ def test_ollama_generate_refuses_bad_and_unimplemented_fields(body, param):
     assert e.value.status == 400 and e.value.param == param
 
 
+def test_ollama_generate_null_and_empty_fields_count_as_absent():
+    r = parse_ollama_generate({"model": "m", "prompt": "def", "options": None, "think": False, "format": "",
+                               "images": []})
+    assert r.fim is None
+
+
 def test_ollama_generate_fields():
     r = parse_ollama_generate({"model": "qwen2.5-coder:1.5b", "prompt": "a", "suffix": "b", "keep_alive": 1800,
                                "options": {"num_predict": 16, "temperature": 0, "stop": ["\n\n"], "num_ctx": 128,

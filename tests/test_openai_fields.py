@@ -59,6 +59,16 @@ def test_an_assistant_tool_call_with_unknown_keys_is_a_400(call, what):
     assert e.param == "messages" and f"tool_calls[0]{what}" in e.message
 
 
+def test_an_assistant_tool_call_as_a_client_merged_it_from_the_stream_is_accepted():
+    """``index`` (this server's streamed deltas carry it) and a null ``type`` are not unknown keys."""
+    call = {"index": 0, "id": "a", "type": None, "function": {"name": "get_weather", "arguments": "{}"}}
+    msgs = MSGS + [{"role": "assistant", "tool_calls": [call]}]
+    assert parse_chat({"messages": msgs, "tools": TOOLS}).messages[-1]["tool_calls"][0]["function"]["name"] == \
+        "get_weather"
+    assert refused({"messages": MSGS + [{"role": "assistant", "tool_calls": [{**call, "index": -1}]}]}).param == \
+        "messages"
+
+
 def test_null_fields_count_as_absent_and_every_listed_field_parses():
     assert parse_chat({"messages": MSGS, "functions": None, "audio": None}).extras.tools is None
     body = {"model": "m", "messages": MSGS, "max_tokens": 4, "max_completion_tokens": 4, "n": 1,

@@ -332,7 +332,8 @@ def test_bad_inputs_one_line_each(home, asr_dir, tmp_path):
     one_line_error(run(["voice", nope, "--wav-in", str(tmp_path / "long.wav")], home), "600.0 s", "at most 30 s")
     one_line_error(run(["voice", nope, "--wav-in", str(tmp_path / "missing.wav")], home), "no such file")
     one_line_error(run(["voice", "--bench", str(tmp_path / "nodir")], home), "not a directory")
-    one_line_error(run(["voice", "--say", "hi", "--wav-out", str(tmp_path / "x" / "y.wav")], home), "does not exist")
+    one_line_error(run(["voice", "--say", "hi", "--wav-out", str(tmp_path / "x" / "y.wav")], home),
+                   "no such directory for --wav-out")
     bad_voice = tmp_path / "bad.onnx"
     bad_voice.write_bytes(b"\0" * 100)
     (tmp_path / "bad.onnx.json").write_text("{}")

@@ -63,7 +63,8 @@ _COMMANDS = ("export", "chat", "generate", "serve", "bench", "eval", "info", "co
 
 
 def _version() -> str:
-    """The installed distribution's version (pyproject.toml's), without importing the package root."""
+    """The installed distribution's version (pyproject.toml's, which ``edgespec.__version__`` repeats): read from its
+    metadata, as this layer imports nothing above it (tests/test_layers.py)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:

@@ -95,7 +95,7 @@ def cmd_bench(a) -> int:
         plot(result, png_out)
         wrote = f"wrote {json_out} and {png_out}"
     except ImportError:
-        print("edgespec: matplotlib is not installed: no plot (pip install 'edgespec[bench]')", file=sys.stderr)
+        print("edgespec: matplotlib is not installed: no plot (pip install -e '.[bench]' in the edgespec checkout)", file=sys.stderr)
         wrote = f"wrote {json_out} (no plot)"
     if a.json:
         print(json.dumps(result))
@@ -124,7 +124,7 @@ def _context_sweep(a) -> int:
     try:
         plot_sweep(result, png_out)
     except ImportError:
-        print("edgespec: matplotlib is not installed: no plot (pip install 'edgespec[bench]')", file=sys.stderr)
+        print("edgespec: matplotlib is not installed: no plot (pip install -e '.[bench]' in the edgespec checkout)", file=sys.stderr)
     print(json.dumps(result) if a.json else format_sweep(result))
     if not a.json:
         print(f"wrote {json_out} and {png_out}")

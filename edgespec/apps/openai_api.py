@@ -192,9 +192,9 @@ def parse_chat(body) -> Request:
     return Request(messages=_messages(body["messages"]), **_common(body, chat=True))
 
 
-def parse_completion(body, vocab_size: int) -> Request:
+def parse_completion(body, n_tokens: int) -> Request:
     """A ``POST /v1/completions`` body → :class:`Request` (``prompt``: a string, a list of one string, or a
-    list of token ids in [0, vocab_size): the tokenizer's ids, not a padded head's). Raises RequestError (400)."""
+    list of token ids in [0, n_tokens): the tokenizer's ids, not a padded head's). Raises RequestError (400)."""
     if not isinstance(body, dict):
         raise RequestError(400, "the request body must be a JSON object")
     p = body.get("prompt")
@@ -205,8 +205,8 @@ def parse_completion(body, vocab_size: int) -> Request:
             raise RequestError(400, "prompt must not be empty", "prompt")
         return Request(prompt=text_field(p, "prompt"), **_common(body, chat=False))
     if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-        if not all(0 <= t < vocab_size for t in p):
-            raise RequestError(400, f"prompt token ids must be in [0, {vocab_size})", "prompt")
+        if not all(0 <= t < n_tokens for t in p):
+            raise RequestError(400, f"prompt token ids must be in [0, {n_tokens})", "prompt")
         return Request(prompt_ids=tuple(p), **_common(body, chat=False))
     raise RequestError(400, "prompt must be a non-empty string or list of token ids (one prompt per request)",
                        "prompt")

@@ -257,9 +257,12 @@ def tool_message(m: dict, i: int, role: str) -> dict:
             where = f"messages[{i}].tool_calls[{j}]"
             if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not isinstance(c.get("id"), str):
                 raise _error(f"{where} must have an id and a function with a name and arguments", "messages")
-            if c.get("type", "function") != "function":
+            if c.get("type") not in (None, "function"):
                 raise _error(f"{where}.type must be \"function\"", "messages")
-            extra = sorted({k for k, v in c.items() if v is not None} - {"id", "type", "function"}) + sorted(
+            if c.get("index") is not None and not (type(c["index"]) is int and c["index"] >= 0):
+                raise _error(f"{where}.index must be an integer ≥ 0", "messages")
+            # "index": what a client that merged this server's streamed tool-call deltas sends back (ignored)
+            extra = sorted({k for k, v in c.items() if v is not None} - {"id", "type", "function", "index"}) + sorted(
                 f"function.{k}" for k, v in f.items() if v is not None and k not in ("name", "arguments"))
             if extra:
                 raise _error(f"{where}.{extra[0]} is not supported", "messages")

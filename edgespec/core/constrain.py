@@ -34,8 +34,8 @@ def _llguidance():
     try:
         import llguidance
     except ImportError:
-        raise ValueError("constrained decoding needs the llguidance package: pip install 'edgespec[serve]' "
-                         "(or pip install llguidance)") from None
+        raise ValueError("constrained decoding needs the llguidance package: pip install -e '.[serve]' in the "
+                         "edgespec checkout (or pip install llguidance)") from None
     return llguidance
 
 

@@ -84,12 +84,16 @@ def write_atomic(path: Path, data: bytes | str) -> bool:
 
 
 def check_out(path: Path, flag: str = "--out") -> Path:
-    """``path`` if a result can be written there: its folder exists and it is not itself a folder. Checked before
-    a run, so a long run never ends without a place for its result. Raises EdgespecError: it cannot be."""
+    """``path`` (``~`` expanded) if a result can be written there: its folder exists and is writable, and it is not
+    itself a folder. Checked before a run, so a long run never ends without a place for its result. Raises
+    EdgespecError: it cannot be."""
+    path = Path(path).expanduser()
     if not path.parent.is_dir():
         raise EdgespecError(f"{path.parent}: no such directory for {flag}")
     if path.is_dir():
         raise EdgespecError(f"{path}: is a directory, not a file for {flag}")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise EdgespecError(f"{path.parent}: not writable, for {flag}")
     return path
 
 
@@ -104,6 +108,9 @@ def write_json(path: Path, data) -> None:
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # as an ordinary new file (mkstemp makes it 0600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io.paths import check_out, write_json
+from ..io.paths import write_json
 
 MODES = ("spec", "plain")
 # the stages of end of speech → first audio, in order (TurnReport fields, ms)
@@ -50,8 +50,6 @@ def run_voice_bench(va, wavs: list[Path], a, format_turn) -> int:
     from .audio import read_wav
     from .pipeline import NoSpeech, WavSink
 
-    if a.out:
-        check_out(Path(a.out))  # before the run, not after it
     questions = [(p.name, read_wav(p)) for p in wavs]
     for mode in MODES:  # warm-up, not counted: first runs of every session
         va.reset()
@@ -82,7 +80,7 @@ def run_voice_bench(va, wavs: list[Path], a, format_turn) -> int:
               "first_chunk": va.first_chunk, "eager_ms": a.eager_ms if a.live else None, "tts_engine": va.tts.name, "summary": summary, "turns": turns,
               "first_audio_spec_over_plain": (on / off) if on and off else None}
     if a.out:
-        write_json(Path(a.out), result)
+        write_json(Path(a.out).expanduser(), result)  # checked before loading (voice/cli.py)
     print(json.dumps(result) if a.json else format_bench(result))
     return 0
 

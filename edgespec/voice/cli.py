@@ -89,11 +89,12 @@ def _question_wavs(d: str) -> list[Path]:
     return wavs
 
 
-def _check_out(path: str | None) -> None:
-    from ..errors import EdgespecError
+def _check_out(path: str | None, flag: str) -> None:
+    """Before anything loads: ``path`` can be written (:func:`~edgespec.io.paths.check_out`)."""
+    from ..io.paths import check_out
 
-    if path is not None and not Path(path).expanduser().resolve().parent.is_dir():
-        raise EdgespecError(f"{path}: its directory does not exist")
+    if path is not None:
+        check_out(Path(path), flag)
 
 
 def _policy(a, decoder):
@@ -120,8 +121,8 @@ def run_voice(a, export_dir) -> int:
     if modes_given > 1:
         raise EdgespecError("give one of --say, --bench and --wav-in")
     provider_options = parse_provider_options(a.provider_option)  # a malformed one is said before any loading
-    _check_out(a.wav_out)
-    _check_out(a.out)
+    _check_out(a.wav_out, "--wav-out")
+    _check_out(a.out, "--out")
     wavs = _question_wavs(a.bench) if a.bench else None
     question = None
     if a.wav_in is not None:  # read and check before loading any model
