@@ -11,6 +11,18 @@ import pytest
 from tinymodels import build_model
 
 
+@pytest.fixture(autouse=True)
+def _per_session_thread_pools(monkeypatch):
+    """Keep onnxruntime's process-wide thread pool out of the pytest process.
+
+    The CLI's loaders (bench, the context sweep) ask ``SpecDecoder.load(shared_thread_pool=True)``; once a global
+    pool exists onnxruntime refuses every later ``ort.InferenceSession`` made without
+    :func:`edgespec.io.onnx_model.session_options` ("use_per_session_threads must be false"), so one in-process
+    call would fail unrelated tests that run after it. Subprocess tests still use the real pool.
+    """
+    monkeypatch.setattr("edgespec.engine.decoder.use_shared_thread_pool", lambda threads=None: False)
+
+
 def pytest_addoption(parser):
     parser.addoption("--real-pair", action="store_true", help="also run the real Qwen2.5-Coder pair tier")
     parser.addoption("--android-core", action="store_true",

@@ -92,7 +92,6 @@ HTTPServer(("127.0.0.1", port), H).serve_forever()
 
 
 def test_whole_run_on_the_tiny_fim_pair_with_a_fake_server(tiny_fim_export, home, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("edgespec.engine.decoder.use_shared_thread_pool", lambda threads=None: False)
     build = tmp_path / "build" / "bin"
     build.mkdir(parents=True)
     server = build / "llama-server"

@@ -266,9 +266,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 
 
 def test_whole_run_on_the_tiny_pair_with_a_fake_server(tiny_export, home, tmp_path, capsys, monkeypatch):
-    # in this process: no process-wide onnxruntime thread pool, which later tests' own sessions (Piper, the
-    # speech recognizer) could not be created beside
-    monkeypatch.setattr("edgespec.engine.decoder.use_shared_thread_pool", lambda threads=None: False)
+    # in this process: tests/conftest.py keeps onnxruntime's process-wide thread pool out of it
     build = tmp_path / "build"
     (build / "bin").mkdir(parents=True)
     _fake_binary(build / "bin", FAKE_SERVER)
