@@ -23,6 +23,13 @@ per class, as ``edgespec bench`` does. Policy names: ``plain``, ``k<K>`` (draft 
 (adaptive + prompt lookup, the CLI's default), ``adaptive`` (the draft chain alone), with options after ``@``:
 ``default@decay=0.8:probe_k=2`` (keywords of :class:`~edgespec.control.adaptive.AdaptiveK`, ``:`` between them).
 
+``--true-cost v=...`` charges the rounds other t_v(1..N) than the controller was calibrated with (the calibration
+is measured after a 128-token past; a recording of long prompts is charged what a verify costs after its past),
+and ``--max-new-tokens`` cuts the answers to a request's shorter limit (the context sweep asks for 48):
+
+    python bench/controller_replay.py replay REC.json --cost v=80,86,117,135,164,178,211 \
+        --true-cost v=107,131,182,226,285,316,371 --draft-ms 40 --catchup-ms 1.8 --max-new-tokens 48
+
 What it leaves out: sampling (greedy only), trees, the latency budget's catch-up pieces, and kernel noise (a
 real verify row can differ from a one-token step in the last bits). Its speeds are model figures, for comparing
 policies on the same recorded answers; speed claims come from ``edgespec bench``.
@@ -165,7 +172,7 @@ def _accepted(hits) -> int:
 
 def replay(rec: dict, name: str, costs: Costs, calibration: CostModel, max_new: int = MAX_NEW) -> dict:
     """Decode time (ms, after the first token) and rounds of policy ``name`` on recording ``rec``."""
-    ids, ans, match, top1 = rec["ids"], rec["answer"], rec["match"], rec["top1"]
+    ids, ans, match, top1 = rec["ids"], rec["answer"][:max_new], rec["match"], rec["top1"]
     props, policy = _policy(name, calibration, rec["class"])
     true = costs.model
     n, c, draft_len, ms_total, rounds = len(ans), 1, 0, 0.0, 0
@@ -232,9 +239,10 @@ def replay(rec: dict, name: str, costs: Costs, calibration: CostModel, max_new: 
 
 
 def replay_all(recs: list[dict], policies: list[str], verify: list[float], draft_ms: float, catchup_ms: float,
-               noise: float, seeds: int, calibration: CostModel | None = None) -> dict:
+               noise: float, seeds: int, calibration: CostModel | None = None, max_new: int = MAX_NEW) -> dict:
     """Per policy and prompt: the median over ``seeds`` noise draws of decode speed over plain (plain's time
-    over the policy's, each under the same noise seed)."""
+    over the policy's, each under the same noise seed); answers cut to ``max_new`` tokens (the request's
+    limit the controller sees)."""
     calibration = calibration or CostModel(list(verify), draft_ms, catchup_ms)
     out: dict[str, dict[int, float]] = {name: {} for name in policies}
     for rec in recs:
@@ -243,8 +251,9 @@ def replay_all(recs: list[dict], policies: list[str], verify: list[float], draft
         for name in policies:
             ratios = []
             for seed in range(seeds):
-                plain = replay(rec, "plain", Costs(verify, draft_ms, catchup_ms, noise, seed), calibration)
-                run = replay(rec, name, Costs(verify, draft_ms, catchup_ms, noise, 1000 + seed), calibration)
+                plain = replay(rec, "plain", Costs(verify, draft_ms, catchup_ms, noise, seed), calibration, max_new)
+                run = replay(rec, name, Costs(verify, draft_ms, catchup_ms, noise, 1000 + seed), calibration,
+                             max_new)
                 ratios.append(plain["ms"] / run["ms"])
             out[name][rec["prompt"]] = statistics.median(ratios)
     return out
@@ -259,6 +268,14 @@ def _table(recs: list[dict], result: dict) -> str:
         lines.append(f"| {name} | " + " | ".join(f"{v:.2f}×" for v in cells)
                      + f" | {statistics.median(per.values()):.2f}× | {min(per.values()):.2f}× |")
     return "\n".join(lines)
+
+
+def _ms_list(text: str, flag: str) -> list[float]:
+    """``v=62,70,88`` (or without ``v=``) as floats; SystemExit with the flag's name on anything else."""
+    try:
+        return [float(x) for x in text.removeprefix("v=").split(",")]
+    except ValueError:
+        raise SystemExit(f"{flag} {text!r}: comma-separated ms expected") from None
 
 
 def main() -> None:
@@ -277,7 +294,12 @@ def main() -> None:
     p.add_argument("--cost", help="v=t_v(1),t_v(2),... in ms")
     p.add_argument("--draft-ms", type=float)
     p.add_argument("--catchup-ms", type=float)
+    p.add_argument("--true-cost", help="v=t_v(1),t_v(2),... in ms that the rounds are charged, where they differ from "
+                   "the controller's calibration (e.g. measured after a long past: the controller is calibrated "
+                   "after 128 tokens)")
     p.add_argument("--policies", default="plain,k1,k2,k3,default")
+    p.add_argument("--max-new-tokens", type=int, default=MAX_NEW,
+                   help="the request's limit: answers are cut to it (at most the recording's)")
     p.add_argument("--noise", type=float, default=0.05, help="log-normal sigma of every measured time")
     p.add_argument("--seeds", type=int, default=5)
     a = ap.parse_args()
@@ -294,13 +316,16 @@ def main() -> None:
     elif a.cost is None or a.draft_ms is None or a.catchup_ms is None:
         raise SystemExit("give --calibration FILE, or --cost, --draft-ms and --catchup-ms")
     else:
-        verify = [float(x) for x in a.cost.removeprefix("v=").split(",")]
-    if not verify or not all(math.isfinite(v) and v > 0 for v in verify + [a.draft_ms, a.catchup_ms]):
+        verify = _ms_list(a.cost, "--cost")
+    true = _ms_list(a.true_cost, "--true-cost") if a.true_cost else verify
+    if not verify or not all(math.isfinite(v) and v > 0 for v in verify + true + [a.draft_ms, a.catchup_ms]):
         raise SystemExit("costs: positive finite ms expected")
-    print(f"costs (ms): t_v = {', '.join(f'{v:.1f}' for v in verify)}; draft step {a.draft_ms:.1f}; "
-          f"catch-up {a.catchup_ms:.2f} a token; noise {a.noise}, {a.seeds} seeds")
+    print(f"costs (ms): t_v = {', '.join(f'{v:.1f}' for v in true)}"
+          + (f" (calibrated: {', '.join(f'{v:.1f}' for v in verify)})" if a.true_cost else "")
+          + f"; draft step {a.draft_ms:.1f}; catch-up {a.catchup_ms:.2f} a token; noise {a.noise}, {a.seeds} seeds")
     recs = json.loads(Path(a.recording).read_text())["prompts"]
-    result = replay_all(recs, a.policies.split(","), verify, a.draft_ms, a.catchup_ms, a.noise, a.seeds)
+    result = replay_all(recs, a.policies.split(","), true, a.draft_ms, a.catchup_ms, a.noise, a.seeds,
+                        calibration=CostModel(list(verify), a.draft_ms, a.catchup_ms), max_new=a.max_new_tokens)
     print(_table(recs, result))
     print("per prompt:", json.dumps({name: {str(i): round(v, 3) for i, v in per.items()} for name, per in result.items()}))
 

@@ -69,3 +69,18 @@ def test_replay_times_and_policies(rec, replay_mod):
     assert set(out) == {"k1", "default"} and all(v > 0 for per in out.values() for v in per.values())
     with pytest.raises(SystemExit):
         replay_mod.replay(rec, "k", costs, costs.model)
+
+
+def test_replay_cuts_answers_and_charges_the_true_costs(rec, replay_mod):
+    """``--max-new-tokens``: answers cut to a shorter request; ``--true-cost``: rounds charged other t_v than the
+    controller's calibration (a long past), which the controller sees only through the measured times."""
+    n = min(10, len(rec["answer"]))
+    true = replay_mod.Costs([90.0, 120.0, 150.0, 180.0], 20.0, 3.0, 0.0, 0)
+    calibrated = replay_mod.CostModel([60.0, 70.0, 85.0, 100.0], 20.0, 3.0)
+    plain = replay_mod.replay(rec, "plain", true, calibrated, max_new=n)
+    assert plain["ms"] == pytest.approx(90.0 * (n - 1)) and plain["tokens"] == n - 1
+    k1 = replay_mod.replay(rec, "k1", true, calibrated, max_new=n)
+    assert k1["ms"] >= k1["rounds"] * (120.0 + 20.0)  # t_v(2) and a draft step a round, plus the catch-ups
+    out = replay_mod.replay_all([rec], ["k1"], [90.0, 120.0, 150.0, 180.0], 20.0, 3.0, 0.0, 1,
+                                calibration=calibrated, max_new=n)
+    assert out["k1"][rec["prompt"]] == pytest.approx(plain["ms"] / k1["ms"])
