@@ -29,7 +29,15 @@ def redeliver_interrupt(unraisable) -> None:
 
 sys.unraisablehook = redeliver_interrupt
 
-from .apps.cli import build_parser, main  # noqa: E402  (after the hook: a Ctrl-C during these imports counts)
+try:  # after the hook: a Ctrl-C during these imports counts
+    from .apps.cli import build_parser, main
+except BaseException as e:  # a Ctrl-C here may arrive wrapped (RuntimeError from a dataclass's __set_name__)
+    from .errors import caused_by_interrupt
+
+    if not caused_by_interrupt(e):
+        raise
+    print("\nedgespec: interrupted", file=sys.stderr)
+    raise SystemExit(130) from None
 
 __all__ = ["build_parser", "main", "redeliver_interrupt"]
 

@@ -11,6 +11,18 @@ def first_line(e: BaseException) -> str:
     return lines[0] if lines else type(e).__name__
 
 
+def caused_by_interrupt(e: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is ``e`` or among its causes: a Ctrl-C inside a C extension's initialisation
+    or a class body's ``__set_name__`` arrives wrapped (ImportError, RuntimeError)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
 class EdgespecWarning(UserWarning):
     """Something the user should know that does not stop the run (e.g. an unwritable cache); the CLI prints
     ``edgespec: warning: <message>`` on one line."""

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-PRECISIONS = ("int4", "int8", "fp32")
+from edgespec.io.manifest import PRECISIONS  # the one list: what the exporter writes and the runtime reads
 
 
 def lm_head_node(model: onnx.ModelProto) -> str | None:

@@ -272,6 +272,26 @@ def test_a_ctrl_c_lost_in_a_callback_is_delivered_again():
     assert r.stdout.strip() == "interrupted" and "Traceback" not in r.stderr, (r.stdout, r.stderr)
 
 
+def test_a_ctrl_c_while_the_cli_is_imported_ends_in_one_line():
+    """A Ctrl-C during the entry module's own imports, before ``main`` runs, even one wrapped by the interpreter
+    (a CI run: RuntimeError "Error calling __set_name__" from a dataclass being defined): "edgespec: interrupted",
+    130, no traceback."""
+    code = textwrap.dedent("""
+        import sys
+        class Interrupted:
+            def find_spec(self, name, path=None, target=None):
+                if name == "edgespec.apps.cli":
+                    try:
+                        raise KeyboardInterrupt
+                    except KeyboardInterrupt as e:
+                        raise RuntimeError("Error calling __set_name__") from e
+        sys.meta_path.insert(0, Interrupted())
+        import edgespec.cli
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 130 and r.stderr.strip() == "edgespec: interrupted", (r.returncode, r.stderr)
+
+
 def test_tokenizer_width_ignores_gguf_padding_entries():
     """A GGUF-converted Qwen tokenizer pads its vocabulary with `[PAD<id>]` entries up to the head width:
     those are not tokens, and must never be sampled (they printed as `[PAD151935]`)."""

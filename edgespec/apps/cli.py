@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..core.stats import format_stats
 from ..engine import flags
-from ..errors import EdgespecError, EdgespecWarning
+from ..errors import EdgespecError, EdgespecWarning, caused_by_interrupt
 from .cli_bench import add_bench_parser, add_eval_parser, cmd_bench, cmd_eval
 from .cli_common import add_provider_options, export_dir, provider_options, read_stdin
 from .cli_models import add_export_parser, add_info_parser, cmd_export, cmd_info
@@ -284,21 +284,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\nedgespec: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # Ctrl-C inside a C extension (its initialisation) can arrive wrapped, e.g. ImportError
-        if not _interrupted(e):
+        if not caused_by_interrupt(e):
             raise
         print("\nedgespec: interrupted", file=sys.stderr)
         return 130
-
-
-def _interrupted(e: BaseException) -> bool:
-    """Whether a KeyboardInterrupt is among the causes of ``e``."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        if isinstance(e, KeyboardInterrupt):
-            return True
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return False
 
 
 def _main(argv: list[str] | None) -> int:
