@@ -12,11 +12,12 @@ far the curve's shape moves with the past (issue 24: each verified row re-reads 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
+from pathlib import Path
 
+from edgespec.bench.runner import cpus
 from edgespec.control import calibrate as cal
 from edgespec.engine.decoder import SpecDecoder
+from edgespec.errors import EdgespecError
 from edgespec.io import paths
 
 
@@ -27,6 +28,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="passes over the pasts (interleaved)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    if a.out:
+        try:
+            paths.check_out(Path(a.out))
+        except EdgespecError as e:
+            raise SystemExit(f"error: {e}") from None
     paths.write_atomic = lambda *args, **kw: None  # measure only: the cached calibration stays
     dec = SpecDecoder.load(a.export or paths.default_export_dir(), shared_thread_pool=True)
     dec.generate("Hello", max_new_tokens=4, k=2, proposers=("draft",)).run()  # warm-up
@@ -38,9 +44,7 @@ def main() -> None:
             print(f"past {past}: t_v(1..7) = {', '.join(f'{v:.1f}' for v in c.verify_ms)} ms; draft step "
                   f"{c.draft_ms:.1f} ms; t_v(2)/t_v(1) = {c.verify_ms[1] / c.verify_ms[0]:.2f}", flush=True)
     if a.out:
-        res = {"export": str(a.export), "pasts": out, "machine": platform.processor() or platform.machine()}
-        with open(a.out, "w", encoding="utf-8") as f:
-            json.dump(res, f, indent=1)
+        paths.write_json(Path(a.out), {"export": str(a.export), "pasts": out, "machine": cpus()})
 
 
 if __name__ == "__main__":
