@@ -3,34 +3,37 @@ GEMM, against ``GroupQueryAttention``'s own int8 cache (graph format 3 ``--kv-in
 
 Session 10 found no way to read an int8 cache once per query group with onnxruntime 1.32's CPU ops: widening it
 in the graph (``DequantizeLinear``, ``Cast``) costs what the smaller reads save, and quantizing the softmax
-output P to 8 bits for ``MatMulInteger`` loses the small probabilities (13/33 agreement). This probe tries a
-formulation that keeps both the cache and the products in 8 bits without that loss:
+output P to uint8 with one scale for the whole tensor (``DynamicQuantizeMatMul``) loses the small
+probabilities (13/33 agreement). This probe tries a formulation that keeps both the cache and the products in
+8 bits without that loss:
 
 - **Layout**: per layer one K buffer uint8 (capacity, kv_heads·D) (the int8 value + 128) and one V buffer int8
   (capacity, kv_heads·D), row w holding position w of every KV head; the past is the contiguous row prefix
   (W, kv_heads·D), bound by pointer (zero copy). Static scales per KV head and channel, as ``--kv-int8``
   writes them (k_s, v_s float32 (kv_heads·D,)).
-- **Scores**, both KV heads in one ``MatMulInteger`` (uint8 A × int8 B, the VNNI kernel; int8 × int8 has no
-  fast path in MLAS 1.32, see ``--check-kernels``): A = the K prefix (W, kv_heads·D) with zero point 128, B =
-  the query group's rows with k_s folded in, block-diagonal over the KV heads (kv_heads·D, kv_heads·2·G·T), each
-  row quantized in **two levels** (q = round(x / s), then the rest r = x − q·s as round(254·r / s)): ~15 bits
-  of the query, so the scores carry only the cache's own int8 error. Each K byte is read once per step.
+- **Scores**, both KV heads in one ``MatMulInteger`` (uint8 A × int8 B, MLAS's u8s8 kernel, AMX or VNNI where
+  the CPU has them; int8 × int8 has no fast path in MLAS 1.32, see ``--check-kernels``): A = the K prefix
+  (W, kv_heads·D) with zero point 128, B = the query group's rows with k_s folded in, block-diagonal over the
+  KV heads (kv_heads·D, kv_heads·2·G·T), each row quantized in **two levels** (q = round(x / s), then the rest
+  r = x − q·s as round(254·r / s)): ~15 bits of the query, so the scores carry only the cache's own int8 error.
+  Each K byte is read once per step.
 - **P · V**: P (G·T, W) per KV head after one softmax over [past scores | new rows' scores] (the new rows
-  attend to themselves from float32, under the additive mask), quantized in two uint8 levels too (s1 = row
-  max / 255, y = 254·p / s1 + 127, p1 = ⌊y / 254⌋, p2 = round(y − 254·p1), so p = s1·p1 + s1 / 254·(p2 − 127)),
-  plus one row of ones that yields the column sums the − 127 needs; one ``MatMulInteger`` over the V prefix
-  for both KV heads, diagonal blocks kept, times v_s. Each V byte is read once per step.
+  attend to themselves from float32, under the additive mask), in two uint8 levels too (s1 = row max / 255,
+  x = p / s1, p1 = ⌊x⌋, p2 = round(254·(x − p1)), so p = s1·(p1 + p2 / 254)); one ``MatMulInteger`` over the V
+  prefix for both KV heads, diagonal blocks kept, times v_s. Each V byte is read once per step.
 - A one-level query (``1-level Q`` in the output) is timed too, to show what the second level buys.
 - The new rows' K and V leave the graph quantized (uint8 K, int8 V) and the runtime writes them into the
   buffers (timed here: numpy row copies).
 
 Against: ``GroupQueryAttention`` with ``k_quant_type``/``v_quant_type`` PER_CHANNEL and ``kv_cache_bit_width``
-8 (what ``edgespec export --kv-int8`` writes) and with a float32 cache (the default export), both in place
-through IO binding, no rotary in any variant (the grouped graph takes Q and the new K/V after rotary).
-Each variant is one graph of ``--layers`` independent layers with their own buffers, so a call reads a whole
-step's cache from memory, not from the CPU cache. Random data with outlier channels (log-normal channel
-scales, as real K has); accuracy is the max |Δ| of the attention output against the float32 reference over
-the dequantized cache (what both int8 variants should compute), relative to the output's max |value|.
+8 (what ``edgespec export --kv-int8`` writes, with the same scales) and with a float32 cache (the default
+export), both in place through IO binding, no rotary in any variant (the grouped graph takes Q and the new K/V
+after rotary). Each variant is one graph of ``--layers`` independent layers, each with its own buffers and its
+own inputs (so that onnxruntime cannot merge the layers' identical ops): a call reads a whole step's cache. The
+target's int8 cache after 3,500 tokens is 50 MB, which may partly stay in a large L3 (105 MB on the Xeon of
+session 18) between calls; the float32 cache (200 MB) cannot. Random data with outlier channels (log-normal
+channel scales, as real K has); the error printed is the grouped variant's, layer 0's: max |Δ| of its output
+against float32 attention over the same dequantized cache, relative to the output's max |value|.
 
     python bench/grouped_int8_cost.py [--pasts 128,3500] [--new-rows 1,5] [--layers 28] [--check-kernels]
 
@@ -72,7 +75,7 @@ class Graph:
 def grouped_layer(g: Graph, i: int, q_levels: int) -> tuple[str, str, str]:
     """Nodes of one layer; returns (attention output (T, H·D), new K uint8 (T, KV·D), new V int8 (T, KV·D))."""
     # q float32 (T, H, D) → (KV, G·T, D): rows of KV head h are its G query heads × T new rows
-    q = g.op("Reshape", [g.op("Transpose", [g.op("Reshape", ["q", "c/T_KV_G_D"])], perm=[1, 2, 0, 3]), "c/KV_GT_D"])
+    q = g.op("Reshape", [g.op("Transpose", [g.op("Reshape", [f"q{i}", "c/T_KV_G_D"])], perm=[1, 2, 0, 3]), "c/KV_GT_D"])
     qs = g.op("Mul", [q, f"ks_r{i}"])  # k_s folded into the query (KV, GT, D)
     sq = g.op("Max", [g.op("Div", [g.op("ReduceMax", [g.op("Abs", [qs]), "c/last"], keepdims=1), "c/127"]), "c/tiny"])
     x = g.op("Div", [qs, sq])  # in [−127, 127]
@@ -94,36 +97,32 @@ def grouped_layer(g: Graph, i: int, q_levels: int) -> tuple[str, str, str]:
         s = g.op("Add", [g.op("Slice", [s, "c/zero_i", half, "c/one_i"]), g.op("Slice", [s, half, n, "c/one_i"])])
     s = g.op("Transpose", [g.op("Reshape", [s, "c/W_KV_m1"])], perm=[1, 2, 0])  # (KV, GT, W)
     # new rows' scores from float32 under the additive mask (T, T)
-    kn = g.op("Transpose", [g.op("Reshape", ["k_new", "c/T_KV_D"])], perm=[1, 2, 0])  # (KV, D, T)
+    kn = g.op("Transpose", [g.op("Reshape", [f"k_new{i}", "c/T_KV_D"])], perm=[1, 2, 0])  # (KV, D, T)
     sn = g.op("Reshape", [g.op("Mul", [g.op("MatMul", [q, kn]), "c/inv_sqrt_d"]), "c/KVG_T_T"])
     sn = g.op("Reshape", [g.op("Add", [sn, "mask"]), "c/KV_GT_T"])
     p = g.op("Softmax", [g.op("Concat", [s, sn], axis=-1)], axis=-1)
     w = g.op("Slice", [g.op("Shape", [s]), "c/m1", "c/big"])  # [W]
     pp = g.op("Slice", [p, "c/zero_i", w, "c/m1"])
     pn = g.op("Slice", [p, w, "c/big", "c/m1"])
-    # P over the past in two uint8 levels: y = p·254/s1 + 127 (s1 = row max / 255), p1 = ⌊y / 254⌋,
-    # p2 = round(y mod 254), p = s1·p1 + s1/254·(p2 − 127); a row of ones gives V's column sums for the − 127
+    # P over the past in two uint8 levels: x = p / s1 in [0, 255] (s1 = row max / 255), p1 = ⌊x⌋,
+    # p2 = round(254·(x − p1)) in [0, 254], p = s1·(p1 + p2 / 254)
     s1 = g.op("Max", [g.op("Div", [g.op("ReduceMax", [pp, "c/last"], keepdims=1), "c/255"]), "c/tiny"])  # (KV, GT, 1)
-    y = g.op("Add", [g.op("Mul", [pp, g.op("Div", ["c/254", s1])]), "c/127"])
-    p1 = g.op("Floor", [g.op("Div", [y, "c/254"])])
-    p2 = g.op("Round", [g.op("Sub", [y, g.op("Mul", [p1, "c/254"])])])
-    ones = g.op("Expand", ["c/one", g.op("Concat", ["c/one_i", w], axis=0)])  # (1, W)
-    a = g.op("Concat", [g.op("Flatten", [g.op("Concat", [p1, p2], axis=1)], axis=2), ones], axis=0)
-    a = g.op("Cast", [a], to=TP.UINT8)  # (KV·2GT + 1, W)
-    o = g.op("Mul", [g.op("Cast", [g.op("MatMulInteger", [a, f"v{i}"])], to=TP.FLOAT), f"vs{i}v"])  # (KV·2GT+1, KV·D)
-    oa = g.op("Reshape", [g.op("Slice", [o, "c/zero_i", "c/m1", "c/zero_i"]), "c/KV_2_GT_KVD"])
-    col = g.op("Slice", [o, "c/m1", "c/big", "c/zero_i"])  # (1, KV·D): Σ_w v
+    x = g.op("Div", [pp, s1])
+    p1 = g.op("Floor", [x])
+    p2 = g.op("Round", [g.op("Mul", [g.op("Sub", [x, p1]), "c/254"])])
+    a = g.op("Cast", [g.op("Flatten", [g.op("Concat", [p1, p2], axis=1)], axis=2)], to=TP.UINT8)  # (KV·2GT, W)
+    o = g.op("Mul", [g.op("Cast", [g.op("MatMulInteger", [a, f"v{i}"])], to=TP.FLOAT), f"vs{i}v"])  # (KV·2GT, KV·D)
     lv = g.op("Concat", [s1, g.op("Div", [s1, "c/254"])], axis=1)  # (KV, 2GT, 1)
-    oa = g.op("ReduceSum", [g.op("Mul", [oa, g.op("Reshape", [lv, "c/KV_2_GT_1"])]), "c/ax1"], keepdims=0)
-    oa = g.op("Sub", [oa, g.op("Mul", [col, g.op("Mul", [s1, "c/127_254"])])])  # (KV, GT, KV·D)
+    oa = g.op("Reshape", [g.op("Mul", [g.op("Reshape", [o, "c/KV_m1_KVD"]), lv]), "c/KV_2_GT_KVD"])
+    oa = g.op("ReduceSum", [oa, "c/ax1"], keepdims=0)  # (KV, GT, KV·D)
     oa = g.op("ReduceSum", [g.op("Mul", [g.op("Reshape", [oa, "c/KV_GT_KV_D"]), "c/eye"]), "c/ax2"], keepdims=0)
-    vn = g.op("Transpose", [g.op("Reshape", ["v_new", "c/T_KV_D"])], perm=[1, 0, 2])  # (KV, T, D)
+    vn = g.op("Transpose", [g.op("Reshape", [f"v_new{i}", "c/T_KV_D"])], perm=[1, 0, 2])  # (KV, T, D)
     out = g.op("Reshape", [g.op("Add", [oa, g.op("MatMul", [pn, vn])]), "c/KV_G_T_D"])
     out = g.op("Reshape", [g.op("Transpose", [out], perm=[2, 0, 1, 3]), "c/T_HD"])
     # the new rows, quantized for the cache
-    kq = g.op("Clip", [g.op("Round", [g.op("Div", ["k_new", f"ks{i}v"])]), "c/m127", "c/127"])
+    kq = g.op("Clip", [g.op("Round", [g.op("Div", [f"k_new{i}", f"ks{i}v"])]), "c/m127", "c/127"])
     kq = g.op("Cast", [g.op("Add", [kq, "c/128f"])], to=TP.UINT8)
-    vq = g.op("Cast", [g.op("Clip", [g.op("Round", [g.op("Div", ["v_new", f"vs{i}v"])]), "c/m127", "c/127"])], to=TP.INT8)
+    vq = g.op("Cast", [g.op("Clip", [g.op("Round", [g.op("Div", [f"v_new{i}", f"vs{i}v"])]), "c/m127", "c/127"])], to=TP.INT8)
     return out, kq, vq
 
 
@@ -136,24 +135,24 @@ def grouped_model(layers: int, scales, q_levels: int = 2) -> bytes:
                     "c/W_KV_m1": i64(0, KV, -1),
                     "c/T_KV_D": i64(-1, KV, D), "c/KVG_T_T": i64(KV * G, -1, 0), "c/KV_GT_T": i64(KV, -1, 0),
                     "c/one_i": i64(1), "c/two_i": i64(2), "c/ax0": i64(0), "c/ax3": i64(3), "c/big": i64(1 << 40), "c/zero_i": i64(0),
-                    "c/KV_2_GT_KVD": i64(KV, 2, -1, KV * D), "c/KV_2_GT_1": i64(KV, 2, -1, 1),
-                    "c/KV_GT_KV_D": i64(KV, -1, KV, D), "c/KV_G_T_D": i64(KV, G, -1, D), "c/T_HD": i64(-1, H * D)}.items():
+                    "c/KV_2_GT_KVD": i64(KV, 2, -1, KV * D), "c/KV_m1_KVD": i64(KV, -1, KV * D), "c/KV_GT_KV_D": i64(KV, -1, KV, D), "c/KV_G_T_D": i64(KV, G, -1, D), "c/T_HD": i64(-1, H * D)}.items():
         g.const(name, v)
     for name, v in {"c/127": 127, "c/m127": -127, "c/255": 255, "c/254": 254, "c/tiny": 1e-30, "c/128f": 128,
-                    "c/one": 1, "c/inv_sqrt_d": 1 / np.sqrt(D), "c/127_254": 127 / 254}.items():
+                    "c/inv_sqrt_d": 1 / np.sqrt(D)}.items():
         g.const(name, f32(v))
     g.const("c/zp128", np.array(128, np.uint8))
     g.const("c/eye", np.eye(KV, dtype=np.float32).reshape(KV, 1, KV, 1))
     g.const("c/eye5", np.eye(KV, dtype=np.float32).reshape(KV, 1, 1, KV, 1))
     info = helper.make_tensor_value_info
-    ins = [info("q", TP.FLOAT, ["T", H, D]), info("k_new", TP.FLOAT, ["T", KV * D]), info("v_new", TP.FLOAT, ["T", KV * D]),
-           info("mask", TP.FLOAT, ["T", "T"])]
+    ins = [info("mask", TP.FLOAT, ["T", "T"])]
     outs = []
     for i in range(layers):
         ks, vs = scales[i]
         g.const(f"ks_r{i}", ks.reshape(KV, 1, D))
         g.const(f"ks{i}v", ks), g.const(f"vs{i}v", vs)
-        ins += [info(f"k{i}", TP.UINT8, ["W", KV * D]), info(f"v{i}", TP.INT8, ["W", KV * D])]
+        ins += [info(f"k{i}", TP.UINT8, ["W", KV * D]), info(f"v{i}", TP.INT8, ["W", KV * D]),
+                info(f"q{i}", TP.FLOAT, ["T", H, D]), info(f"k_new{i}", TP.FLOAT, ["T", KV * D]),
+                info(f"v_new{i}", TP.FLOAT, ["T", KV * D])]  # each layer its own (no common-subexpression merge)
         out, kq, vq = grouped_layer(g, i, q_levels)
         for name, src, t in ((f"out{i}", out, TP.FLOAT), (f"kq{i}", kq, TP.UINT8), (f"vq{i}", vq, TP.INT8)):
             g.nodes.append(helper.make_node("Identity", [src], [name]))
@@ -164,7 +163,8 @@ def grouped_model(layers: int, scales, q_levels: int = 2) -> bytes:
     return m.SerializeToString()
 
 
-def gqa_model(layers: int, int8: bool) -> bytes:
+def gqa_model(layers: int, int8: bool, scales=None) -> bytes:
+    """``layers`` GroupQueryAttention nodes on their own in-place caches; int8: PER_CHANNEL with ``scales``."""
     info = helper.make_tensor_value_info
     dt = TP.INT8 if int8 else TP.FLOAT
     ins = [info("qkv", TP.FLOAT, [1, "T", (H + 2 * KV) * D]), info("seqlens_k", TP.INT32, [1]),
@@ -176,8 +176,8 @@ def gqa_model(layers: int, int8: bool) -> bytes:
         kw = dict(num_heads=H, kv_num_heads=KV, do_rotary=0)
         if int8:
             names += ["", f"ks{i}", f"vs{i}"]
-            for n in (f"ks{i}", f"vs{i}"):
-                inits.append(numpy_helper.from_array(np.full((1, KV, 1, D), 0.05, np.float32), n))
+            for n, sc in zip((f"ks{i}", f"vs{i}"), scales[i]):
+                inits.append(numpy_helper.from_array(sc.reshape(1, KV, 1, D).astype(np.float32), n))
             kw.update(k_quant_type="PER_CHANNEL", v_quant_type="PER_CHANNEL", kv_cache_bit_width=8)
         nodes.append(helper.make_node("GroupQueryAttention", names, [f"out{i}", f"prk{i}", f"prv{i}"],
                                       domain="com.microsoft", **kw))
@@ -278,7 +278,7 @@ def main() -> None:
     print(f"{L} layers of {H} query heads, {KV} KV heads, D = {D}, {a.threads} threads; ms per call (median of {a.calls})",
           flush=True)
     grouped = {lv: session(grouped_model(L, scales, lv), a.threads, a.pool == "shared") for lv in (1, 2)}
-    gqa8, gqa32 = (session(gqa_model(L, int8), a.threads, a.pool == "shared") for int8 in (True, False))
+    gqa8, gqa32 = (session(gqa_model(L, int8, scales), a.threads, a.pool == "shared") for int8 in (True, False))
     gqa_k8 = [np.ascontiguousarray((k8[i].astype(np.int16) - 128).astype(np.int8).reshape(CAPACITY, KV, D).transpose(1, 0, 2))[None] for i in range(L)]
     gqa_v8 = [np.ascontiguousarray(v8[i].reshape(CAPACITY, KV, D).transpose(1, 0, 2))[None] for i in range(L)]
     gqa_k32 = [np.ascontiguousarray(k32[i].reshape(CAPACITY, KV, D).transpose(1, 0, 2))[None] for i in range(L)]
@@ -294,12 +294,13 @@ def main() -> None:
             res = {}
             for lv, sess in grouped.items():  # past bound by pointer as row prefixes; new rows written back
                 io = sess.io_binding()
-                io.bind_cpu_input("q", q), io.bind_cpu_input("k_new", k_new), io.bind_cpu_input("v_new", v_new)
                 io.bind_cpu_input("mask", causal(t))
                 bufs_k, bufs_v = [b.copy() for b in k8], [b.copy() for b in v8]
                 for i in range(L):
                     io.bind_input(f"k{i}", "cpu", 0, np.uint8, [past, KV * D], bufs_k[i].ctypes.data)
                     io.bind_input(f"v{i}", "cpu", 0, np.int8, [past, KV * D], bufs_v[i].ctypes.data)
+                    io.bind_cpu_input(f"q{i}", q), io.bind_cpu_input(f"k_new{i}", k_new)
+                    io.bind_cpu_input(f"v_new{i}", v_new)
                     for n in (f"out{i}", f"kq{i}", f"vq{i}"):
                         io.bind_output(n)
 
