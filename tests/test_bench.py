@@ -151,6 +151,17 @@ def test_context_sweep_runs_two_exports_side_by_side(export_each_format, tiny_ex
     assert bad.returncode != 0 and bad.stderr.count("\n") == 1 and "exceeds" in bad.stderr
 
 
+def test_a_context_length_given_twice_is_refused():
+    """One sweep row per length: ``--context 128,128`` would merge two rows, so it is a usage error."""
+    import argparse
+
+    from edgespec.engine import flags
+
+    assert flags.contexts("128, 3500") == [128, 3500]
+    with pytest.raises(argparse.ArgumentTypeError, match="128 more than once"):
+        flags.contexts("128,3500,128")
+
+
 def test_context_sweep_repeats_cycle_through_every_cell(tiny_export, home, monkeypatch):
     """Each repeat runs every (length, mode) cell once, in the same order, so that a slow stretch of the machine
     hits short and long contexts alike (all repeats of one cell back to back biased their ratio)."""

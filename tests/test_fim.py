@@ -146,6 +146,7 @@ def test_stop_words_and_time_limits():
     ({"temperature": 3}, "temperature"), ({"stop": [1]}, "stop"), ({"lora": []}, "lora"),
     # JSON types, not Python's ==: 0.0 is not the integer 0, false is not 0, 0 is not false
     ({"id_slot": 0.0}, "id_slot"), ({"n_probs": False}, "n_probs"), ({"return_tokens": 0}, "return_tokens"),
+    ({"seed": 1 << 64}, "seed"),  # the seeded sampler keys its noise by 64 bits: a larger seed would alias
 ])
 def test_infill_refuses_bad_and_unimplemented_fields(body, param):
     with pytest.raises(RequestError) as e:
@@ -170,6 +171,7 @@ def test_infill_fields():
     ({"images": ["x"]}, "images"), ({"keep_alive": 0}, "keep_alive"), ({"prompt": ""}, "prompt"),
     ({"stream": "no"}, "stream"), ({"suffix": 3}, "suffix"), ({"foo": 1}, "foo"),
     ({"options": []}, "options"), ({"options": 0}, "options"), ({"think": 0}, "think"),
+    ({"options": {"seed": 1 << 64}}, "seed"),
 ])
 def test_ollama_generate_refuses_bad_and_unimplemented_fields(body, param):
     with pytest.raises(RequestError) as e:

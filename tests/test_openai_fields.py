@@ -98,7 +98,8 @@ def test_null_fields_count_as_absent_and_every_listed_field_parses():
     ({"response_format": {"type": "xml"}}, "response_format"),
     ({"top_logprobs": 3}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"presence_penalty": 2.5}, "presence_penalty"), ({"logit_bias": {"a": 1}}, "logit_bias"),
-    ({"logit_bias": {"3": 101}}, "logit_bias"), ({"stream_options": {"continuous_usage_stats": True}},
+    ({"logit_bias": {"3": 101}}, "logit_bias"), ({"logit_bias": {"01": 1}}, "logit_bias"),
+    ({"seed": 1 << 64}, "seed"), ({"stream_options": {"continuous_usage_stats": True}},
                                                  "stream_options.continuous_usage_stats"),
     ({"edgespec": {"k": 3}}, "edgespec.k"),
 ])

@@ -31,7 +31,7 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=flags.temperature, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=flags.nonneg_int, default=0, help="0 = off")
     p.add_argument("--top-p", type=flags.top_p, default=1.0, help="1 = off")
-    p.add_argument("--seed", type=flags.nonneg_int, default=None)
+    p.add_argument("--seed", type=flags.seed, default=None)
     p.add_argument("--coupling", choices=("auto", "gumbel", "standard"), default="auto",
                    help="sampling rule: gumbel = drafter-invariant (same seed, same text at any K); standard = "
                         "accept/reject; auto (default) = gumbel with --seed, standard without")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ..engine.flags import MAX_SEED
 from .fim import FimPrompt
 from .request_error import is_one_of
 from .openai_api import RequestError, aliased_int_field, bool_field, float_field, int_field, stop_field, text_field
@@ -139,7 +140,7 @@ def parse_infill(body, samplers: str = "refuse") -> FimRequest:
         raise RequestError(400, "n_probs is not implemented", "n_probs")
     if not isinstance(body.get("model", ""), str):
         raise RequestError(400, "model must be a string", "model")
-    seed = int_field(body, "seed", -1)
+    seed = int_field(body, "seed", -1, MAX_SEED)
     fields = dict(temperature=float_field(body, "temperature", lambda v: 0 <= v <= 2, "in [0, 2]"),
                   top_p=float_field(body, "top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
                   top_k=int_field(body, "top_k", 0))
@@ -224,7 +225,7 @@ def parse_ollama_generate(body) -> FimRequest:
                       temperature=float_field(opts, "temperature", lambda v: 0 <= v <= 2, "in [0, 2]"),
                       top_p=float_field(opts, "top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
                       top_k=int_field(opts, "top_k", 0),
-                      seed=int_field(opts, "seed", 0), stop=stop_field(opts.get("stop")), stream=stream,
+                      seed=int_field(opts, "seed", 0, MAX_SEED), stop=stop_field(opts.get("stop")), stream=stream,
                       num_ctx=int_field(opts, "num_ctx", 1))
 
 

@@ -15,6 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from ..engine.flags import MAX_SEED
 from .openai_fields import check_fields, parse_extras, tool_message
 from .request_error import RequestError, error_object, is_one_of  # noqa: F401  (error_object: part of this module's API)
 
@@ -174,7 +175,7 @@ def _common(body: dict, chat: bool) -> dict:
         temperature=float_field(body, "temperature", lambda v: 0 <= v <= 2, "in [0, 2]"),
         top_p=float_field(body, "top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
         top_k=int_field(body, "top_k", 0),
-        seed=int_field(body, "seed", 0),
+        seed=int_field(body, "seed", 0, MAX_SEED),
         stop=stop_field(body.get("stop")),
         stream=bool_field(body, "stream"),
         include_usage=bool_field(so or {}, "include_usage"),

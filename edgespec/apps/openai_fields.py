@@ -196,7 +196,8 @@ def _logit_bias(v) -> tuple:
         raise _error(f"logit_bias must be an object of at most {MAX_LOGIT_BIAS} token ids", "logit_bias")
     out = []
     for k, b in v.items():
-        if not (isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= MAX_ID_DIGITS):
+        if not (isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= MAX_ID_DIGITS
+                and (k == "0" or not k.startswith("0"))):  # "01" would be a second key for token 1
             raise _error(f"logit_bias keys must be token ids, got {k[:24]!r}", "logit_bias")
         if isinstance(b, bool) or not isinstance(b, (int, float)) or not -100 <= b <= 100:
             raise _error(f"logit_bias[{k}] must be a number in [-100, 100]", "logit_bias")

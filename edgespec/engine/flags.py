@@ -29,6 +29,8 @@ def checked(kind: type, what: str, ok: Callable) -> Callable[[str], int | float]
 integer = checked(int, "an integer", lambda v: True)
 nonneg_int = checked(int, "an integer ≥ 0", lambda v: v >= 0)
 pos_int = checked(int, "an integer ≥ 1", lambda v: v >= 1)
+MAX_SEED = (1 << 64) - 1  # the seeded sampler keys its noise by 64 bits (edgespec.core.coupling)
+seed = checked(int, f"an integer in [0, {MAX_SEED}]", lambda v: 0 <= v <= MAX_SEED)
 port = checked(int, "a port in [1, 65535]", lambda v: 1 <= v <= 65535)
 temperature = checked(float, "a finite number ≥ 0", lambda v: v >= 0)
 top_p = checked(float, "a number in (0, 1]", lambda v: 0 < v <= 1)
@@ -38,8 +40,12 @@ _context = checked(int, "token counts ≥ 1 (e.g. 128,1024)", lambda v: v >= 1)
 
 
 def contexts(s: str) -> list[int]:
-    """Comma-separated context lengths in tokens, each ≥ 1, e.g. ``128,1024,2048,3500``."""
+    """Comma-separated context lengths in tokens, each ≥ 1 and given once, e.g. ``128,1024,2048,3500``."""
     parts = [x.strip() for x in s.split(",") if x.strip()]
     if not parts:
         raise argparse.ArgumentTypeError(f"expected comma-separated token counts, got {s!r}")
-    return [_context(x) for x in parts]
+    values = [_context(x) for x in parts]
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:  # one sweep row per length: a repeat would merge two rows into one
+        raise argparse.ArgumentTypeError(f"each context length once, got {', '.join(map(str, repeated))} more than once")
+    return values

@@ -83,8 +83,9 @@ class GenerationOptions:
             raise ValueError(f"k must be ≥ 0, got {self.k}")
         if self.n_nodes < 0:
             raise ValueError(f"n_nodes must be ≥ 0, got {self.n_nodes}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
-            raise ValueError(f"seed must be an integer ≥ 0 or None, got {self.seed!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed < 1 << 64):
+            raise ValueError(f"seed must be an integer in [0, 2^64 - 1] or None, got {self.seed!r}")
         for name in ("temperature", "top_p"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)):
