@@ -172,6 +172,10 @@ def test_infill_fields():
     ({"stream": "no"}, "stream"), ({"suffix": 3}, "suffix"), ({"foo": 1}, "foo"),
     ({"options": []}, "options"), ({"options": 0}, "options"), ({"think": 0}, "think"),
     ({"options": {"seed": 1 << 64}}, "seed"),
+    # keep_alive: a Go duration or seconds; any spelling of 0 asks to unload the model (not implemented)
+    ({"keep_alive": "0h"}, "keep_alive"), ({"keep_alive": "0.0"}, "keep_alive"), ({"keep_alive": 0.0}, "keep_alive"),
+    ({"keep_alive": "banana"}, "keep_alive"), ({"keep_alive": "5x"}, "keep_alive"), ({"keep_alive": ""}, "keep_alive"),
+    ({"keep_alive": "inf"}, "keep_alive"), ({"keep_alive": True}, "keep_alive"),
 ])
 def test_ollama_generate_refuses_bad_and_unimplemented_fields(body, param):
     with pytest.raises(RequestError) as e:
@@ -183,6 +187,15 @@ def test_ollama_generate_null_and_empty_fields_count_as_absent():
     r = parse_ollama_generate({"model": "m", "prompt": "def", "options": None, "think": False, "format": "",
                                "images": []})
     assert r.fim is None
+
+
+def test_ollama_keep_alive_takes_go_durations_and_seconds():
+    from edgespec.apps.fim_api import keep_alive_seconds
+
+    assert [keep_alive_seconds(v) for v in ("5m", "1h30m", "300ms", "-1", "300", 1800, -1, "1.5h")] == \
+        [300.0, 5400.0, 0.3, -1.0, 300.0, 1800.0, -1.0, 5400.0]
+    for v in ("5m", "1h30m", "-1", 1800):  # accepted: the model stays loaded for the server's lifetime anyway
+        parse_ollama_generate({"model": "m", "prompt": "def", "keep_alive": v})
 
 
 def test_ollama_generate_fields():

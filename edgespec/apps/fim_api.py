@@ -10,6 +10,8 @@ llama.cpp server README (``/completion`` response fields, ``/infill``), Ollama's
 
 from __future__ import annotations
 
+import math
+import re
 import time
 from dataclasses import dataclass
 
@@ -179,6 +181,41 @@ OLLAMA_FIELDS = {"model", "prompt", "suffix", "options", "stream", "raw", "keep_
 OLLAMA_OPTIONS = {"num_predict", "temperature", "top_k", "top_p", "seed", "stop", "num_ctx"}
 
 
+_DURATION = re.compile(r"([0-9]*\.?[0-9]+|[0-9]+\.)(ns|us|µs|μs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def keep_alive_seconds(v) -> float:
+    """Ollama's ``keep_alive``: seconds as a number, or a Go duration string (``"5m"``, ``"1h30m"``, ``"-1"``,
+    ``"0s"``; a bare number string is seconds) → seconds (negative: forever). Raises RequestError (400)."""
+    bad = RequestError(400, 'keep_alive must be a duration: seconds, or a string such as "5m" or "1h30m"', "keep_alive")
+    if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+        raise bad
+    if not isinstance(v, str):
+        if not math.isfinite(v):
+            raise bad
+        return float(v)
+    s = v.strip()
+    sign = -1.0 if s.startswith("-") else 1.0
+    s = s[1:] if s[:1] in "+-" else s
+    try:
+        seconds = float(s)  # "300", "0", "-1"
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(seconds):
+            raise bad
+        return sign * seconds
+    pos, total = 0, 0.0
+    for m in _DURATION.finditer(s):
+        if m.start() != pos:
+            raise bad
+        total, pos = total + float(m.group(1)) * _UNIT_S[m.group(2)], m.end()
+    if pos == 0 or pos != len(s):
+        raise bad
+    return sign * total
+
+
 def parse_ollama_generate(body) -> FimRequest:
     """An Ollama ``POST /api/generate`` body → :class:`FimRequest`. Raises RequestError (400).
 
@@ -193,10 +230,7 @@ def parse_ollama_generate(body) -> FimRequest:
     for name in ("system", "template", "context", "images", "format", "think"):
         if body.get(name) is not None and not is_one_of(body[name], "", [], False):
             raise RequestError(400, f"{name} is not implemented", name)
-    keep = body.get("keep_alive")
-    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, (str, int, float))):
-        raise RequestError(400, "keep_alive must be a duration (a string such as \"5m\", or seconds)", "keep_alive")
-    if keep in (0, "0", "0s", "0m"):
+    if body.get("keep_alive") is not None and keep_alive_seconds(body["keep_alive"]) == 0:
         raise RequestError(400, "keep_alive 0 (unload the model) is not implemented: the model stays loaded",
                            "keep_alive")
     opts = {} if body.get("options") is None else body["options"]
