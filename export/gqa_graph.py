@@ -22,6 +22,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from edgespec.errors import EdgespecError
+from edgespec.io.onnx_model import ROTARY_POSITIONS
 
 from .onnx_graph import LOGITS_KEEP, add_logits_keep, kv_shape
 
@@ -243,7 +244,8 @@ def _build(model, g: GraphBuilder, writer_cls: type) -> onnx.ModelProto:
                                                     helper.make_opsetid("com.microsoft", 1)],
                               producer_name="edgespec")
     proto.ir_version = 8
-    helper.set_model_props(proto, {"edgespec.graph_format": str(fmt)})
+    # the rotary table's rows: the runtime refuses a manifest context_length beyond them (edgespec.io.onnx_model)
+    helper.set_model_props(proto, {"edgespec.graph_format": str(fmt), ROTARY_POSITIONS: str(ctx)})
     add_logits_keep(proto)
     # a required input here: onnxruntime's IO binding cannot bind an overridable initializer
     keep = [t for t in proto.graph.initializer if t.name == LOGITS_KEEP]

@@ -45,10 +45,11 @@ def _mask(past: int, new: int) -> np.ndarray:
 def _lm(sess: ort.InferenceSession, layers: int, kv: int, head_dim: int, context: int):
     """An :class:`edgespec.io.onnx_model.OnnxLM` around an open session, for a graph of either format."""
     from edgespec.io.manifest import GraphSpec, Quantization
-    from edgespec.io.onnx_model import OnnxLM
+    from edgespec.io.onnx_model import ROTARY_POSITIONS, OnnxLM
 
     meta = sess.get_modelmeta().custom_metadata_map
     fmt = int(meta.get("edgespec.graph_format", 2))
+    context = min(context, int(meta.get(ROTARY_POSITIONS, context)))  # never past the graph's rotary table
     spec = GraphSpec(path="", architecture="", num_layers=layers, num_kv_heads=kv, head_dim=head_dim,
                      vocab_size=1, context_length=context, quantization=Quantization("fp32"), source="",
                      source_sha256="", input_names=(), output_names=(), graph_format=fmt,

@@ -42,6 +42,8 @@ def _set(block, key, value):
     (_set("special_tokens", "stop", [2, 400]), "special_tokens.stop 400 is not a token id"),
     (_set("target", "input_names", ["input_ids"]), "input names differ from target.input_names"),
     (lambda m: {**m, "tokenizer": "chat_template.jinja"}, "cannot load tokenizer"),
+    # positions past the graph's rotary table would reach the attention kernel
+    (_set("target", "context_length", 10 ** 6), "the manifest says context_length 1000000 but the graph's rotary"),
 ])
 def test_manifest_that_disagrees_with_the_graphs_or_tokenizer(tiny_export, home, tmp_path, edit, says):
     d = copy_export(tiny_export, tmp_path / "x", edit)

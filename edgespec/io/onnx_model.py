@@ -203,6 +203,7 @@ class InPlaceKVCache(PreallocatedKV, Float32Copy):
 
 SharedKVCache = InPlaceKVCache  # the former name ("shared": past and present share one buffer)
 
+ROTARY_POSITIONS = "edgespec.rotary_positions"  # graph metadata: the rows of its rotary table (exports since session 18)
 CACHE_CAPACITY = 4096  # initial positions of a format-3 cache buffer; it doubles on demand up to the context
 _ALL_ROWS = np.zeros(1, dtype=np.int64)  # logits_keep = 0: every row
 PREFILL_GRAPH_ROWS = 64  # prefill chunks of at least this many rows run on the int8 prefill graph, when loaded
@@ -393,10 +394,18 @@ class OnnxLM:
         self._check_format(session, spec.path)
 
     def _check_format(self, session: ort.InferenceSession, path) -> None:
+        """The graph's own metadata against the manifest: its format, and the positions its rotary table holds
+        (exports since session 18 record them; the manifest's ``context_length`` must not exceed them, or
+        positions past the table would reach the attention kernel). Raises EdgespecError."""
         fmt = self.spec.graph_format
-        if self.in_place and session.get_modelmeta().custom_metadata_map.get("edgespec.graph_format") != str(fmt):
+        meta = session.get_modelmeta().custom_metadata_map
+        if self.in_place and meta.get("edgespec.graph_format") != str(fmt):
             raise EdgespecError(f"{path}: the manifest says graph format {fmt} but the graph is not a "
                                 f"format-{fmt} graph (export again)")
+        rows = meta.get(ROTARY_POSITIONS)
+        if rows is not None and (not rows.isdigit() or self.spec.context_length > int(rows)):
+            raise EdgespecError(f"{path}: the manifest says context_length {self.spec.context_length} but the "
+                                f"graph's rotary table holds {rows[:24]} positions (export again)")
 
     def new_cache(self, capacity: int | None = None) -> KVCache | InPlaceKVCache:
         """An empty cache for this graph: a :class:`InPlaceKVCache` of ``capacity`` positions (default
