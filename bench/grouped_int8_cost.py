@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -231,6 +232,20 @@ def reference(q, k_past, v_past, k_new, v_new):
     return out.reshape(t, H * D)
 
 
+def integer_gemm_saturates() -> bool:
+    """True on an x86 CPU without VNNI or AMX (or whose flags cannot be read): there MLAS's uint8 × int8 kernel
+    adds pairs of products in saturating int16 (``vpmaddubsw``), and 255 · 127 · 2 overflows it, so this
+    formulation's 8-bit levels are wrong there (they would need 7-bit values). ARM's kernels do not saturate."""
+    import platform
+
+    from edgespec.bench.runner import cpus
+
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686", "x86"):
+        return False
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    return not (cpus().get("vnni") or "amx_int8" in text)
+
+
 def check_kernels(threads: int, past: int = 3500) -> None:
     """MatMulInteger alone on the two products' shapes at one decode row (G·T = 6 rows per KV head, both KV
     heads, two levels: 24 query columns or 25 P rows): which operand types have a fast kernel here."""
@@ -265,6 +280,9 @@ def main() -> None:
                     help="shared: edgespec's process-wide pool (the CLI's); session: a per-session pool, no spinning")
     ap.add_argument("--check-kernels", action="store_true", help="also time MatMulInteger alone per operand type")
     a = ap.parse_args()
+    if integer_gemm_saturates():
+        print("warning: this CPU has no VNNI/AMX: MLAS's uint8 × int8 kernel saturates in int16 here, so the grouped "
+              "rows' errors and times are not this formulation's", flush=True)
     if a.check_kernels:
         check_kernels(a.threads)
     rng = np.random.default_rng(0)

@@ -46,14 +46,18 @@ def test_grouped_int8_attention_equals_float32_over_the_dequantized_cache(probe,
     d = layer_data(probe, np.random.default_rng(past + t), past, t)
     sess = probe.session(probe.grouped_model(1, [(d["ks"], d["vs"])], 2), 2, False)
     out, kq, vq = sess.run(["out0", "kq0", "vq0"], {"mask": probe.causal(t), **feeds(d, 0)})
-    assert np.abs(out - d["ref"]).max() <= 1e-3 * np.abs(d["ref"]).max()
     np.testing.assert_array_equal(kq, (np.clip(np.rint(d["k_new"] / d["ks"]), -127, 127) + 128).astype(np.uint8))
     np.testing.assert_array_equal(vq, np.clip(np.rint(d["v_new"] / d["vs"]), -127, 127).astype(np.int8))
+    if probe.integer_gemm_saturates():
+        pytest.skip("x86 without VNNI/AMX: MLAS's u8 × s8 kernel saturates in int16 (the probe's 8-bit levels)")
+    assert np.abs(out - d["ref"]).max() <= 1e-3 * np.abs(d["ref"]).max()
 
 
 def test_every_layer_reads_its_own_buffers_and_scales_and_one_query_level_is_not_enough(probe):
     """Two layers with their own scales and caches: layer 1 is checked too. The one-level query (timed beside it)
     runs, and its error is what the second level removes (above the 1e-3 the two-level graph meets)."""
+    if probe.integer_gemm_saturates():
+        pytest.skip("x86 without VNNI/AMX: MLAS's u8 × s8 kernel saturates in int16 (the probe's 8-bit levels)")
     rng, t = np.random.default_rng(7), 2
     layers = [layer_data(probe, rng, 200, t, v_scale=i + 1) for i in range(2)]
     inputs = {"mask": probe.causal(t), **feeds(layers[0], 0), **feeds(layers[1], 1)}
