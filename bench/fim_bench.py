@@ -40,8 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fim_tasks import Task, score, stdlib_tasks  # noqa: E402
-from bench_cli import finish  # noqa: E402
-from llama_server import LlamaServer, PeerError, PeerMode, post_json  # noqa: E402
+from llama_server import LlamaServer, PeerError, PeerMode, finish, post_json  # noqa: E402
 
 from edgespec.io import paths  # noqa: E402
 from edgespec.errors import EdgespecError  # noqa: E402

@@ -29,8 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench_cli import finish  # noqa: E402
-from llama_server import LlamaServer, PeerMode, post_json, parse_completion  # noqa: E402
+from llama_server import LlamaServer, PeerMode, finish, parse_completion, post_json  # noqa: E402
 
 from edgespec.io import paths  # noqa: E402
 from edgespec.errors import EdgespecError  # noqa: E402

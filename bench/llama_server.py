@@ -9,6 +9,9 @@ llama-server's timings (tools/server/server-common.cpp of b11434): ``prompt_n`` 
 from the prefill's logits, and ``predicted_ms`` from that first token to the last, so its decode rate is
 ``(predicted_n - 1) / predicted_ms`` — the same definition as edgespec's ``decode_tokens_per_s``. ``draft_n``
 and ``draft_n_accepted`` are present only when it speculated.
+
+Also the common end of the benchmark scripts that run against llama.cpp (:func:`finish`): run, write
+``OUT.json`` atomically, print the markdown table, with errors as one line and exit status 1.
 """
 
 from __future__ import annotations
@@ -16,11 +19,15 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
+
+from edgespec.errors import EdgespecError
 
 
 class PeerError(RuntimeError):
@@ -166,3 +173,31 @@ class LlamaServer:
         rec = parse_completion(res, len(prompt_ids))
         rec["client_wall_ms"] = (time.perf_counter() - t0) * 1e3
         return rec
+
+
+def write_result(out: Path, result: dict) -> Path:
+    """Write ``result`` to ``<out>.json`` through a temporary file (never a half-written result); returns the path."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    path = out.with_name(out.name + ".json")
+    tmp = out.with_name(out.name + ".json.tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def finish(args, run: Callable[[object], dict], table: Callable[[dict], str],
+           after: Callable[[dict], None] | None = None) -> int:
+    """``run(args)``, write it to ``args.out``, print ``table(result)`` then ``after(result)``. Returns the exit
+    status: 1 (message on stderr, nothing written) on an ``EdgespecError``, ``PeerError`` or ``ValueError``."""
+    try:
+        result = run(args)
+    except (EdgespecError, PeerError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    write_result(args.out, result)
+    print(table(result))
+    if after is not None:
+        after(result)
+    if "headline" in result:
+        print(json.dumps(result["headline"], indent=1))
+    return 0

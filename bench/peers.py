@@ -28,8 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench_cli import finish  # noqa: E402
-from llama_server import LlamaServer, PeerMode  # noqa: E402
+from llama_server import LlamaServer, PeerMode, finish  # noqa: E402
 
 from edgespec.io import paths  # noqa: E402
 from edgespec.errors import EdgespecError  # noqa: E402

@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench_cli import finish  # noqa: E402
+from llama_server import finish  # noqa: E402
 
 from edgespec import paths  # noqa: E402
 from edgespec.errors import EdgespecError  # noqa: E402

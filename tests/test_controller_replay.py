@@ -1,4 +1,4 @@
-"""bench/controller_replay.py: a recording fixes every greedy round's acceptance, so its replay of a fixed K
+"""bench/probes/controller_replay.py: a recording fixes every greedy round's acceptance, so its replay of a fixed K
 accepts exactly what a real run on the same models accepts, and its policies run the real controller."""
 
 import importlib.util
@@ -17,7 +17,7 @@ PROMPT = "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + 
 
 @pytest.fixture(scope="module")
 def replay_mod():
-    spec = importlib.util.spec_from_file_location("controller_replay", ROOT / "bench" / "controller_replay.py")
+    spec = importlib.util.spec_from_file_location("controller_replay", ROOT / "bench" / "probes" / "controller_replay.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules["controller_replay"] = mod
     spec.loader.exec_module(mod)

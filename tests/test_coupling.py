@@ -232,7 +232,7 @@ def test_the_acceptance_benchmark_runs_both_rules(tiny_export, home, tmp_path):
     import sys
     from pathlib import Path
 
-    script = Path(__file__).resolve().parent.parent / "bench" / "coupling_alpha.py"
+    script = Path(__file__).resolve().parent.parent / "bench" / "probes" / "coupling_alpha.py"
     out = tmp_path / "alpha.json"
     r = subprocess.run([sys.executable, str(script), str(tiny_export), "--per-class", "1", "--seeds", "1",
                         "--max-new-tokens", "12", "--out", str(out)], capture_output=True, text=True, timeout=600,

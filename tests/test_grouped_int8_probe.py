@@ -1,4 +1,4 @@
-"""bench/grouped_int8_cost.py's grouped int8 attention (two integer GEMMs, the query and P in two levels) computes
+"""bench/probes/grouped_int8_cost.py's grouped int8 attention (two integer GEMMs, the query and P in two levels) computes
 float32 attention over the dequantized int8 cache, for decode rows and multi-row verifies, and writes the new rows
 as the cache's int8 codes (docs/benchmarks.md, "Session 18")."""
 
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def probe():
-    spec = importlib.util.spec_from_file_location("grouped_int8_cost", ROOT / "bench" / "grouped_int8_cost.py")
+    spec = importlib.util.spec_from_file_location("grouped_int8_cost", ROOT / "bench" / "probes" / "grouped_int8_cost.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

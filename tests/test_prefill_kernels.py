@@ -1,4 +1,4 @@
-"""bench/prefill_kernels.py offline: the int4 dequantization against onnxruntime's own MatMulNBits, the kernel
+"""bench/probes/prefill_kernels.py offline: the int4 dequantization against onnxruntime's own MatMulNBits, the kernel
 timer on a small shape, and the int8 copy of an export on a one-matmul graph."""
 
 import hashlib
@@ -14,7 +14,7 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "probes"
 sys.path.insert(0, str(BENCH))
 import prefill_kernels  # noqa: E402
 

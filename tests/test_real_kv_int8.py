@@ -45,7 +45,7 @@ def test_real_int8_cache_is_derived_and_validated(kv8_export, real_export):
 
 def test_real_int8_cache_agrees_with_the_float32_cache_teacher_forced(kv8_export, real_export):
     """~600 prompt tokens, then 48 steps on the same continuation: argmax agreement ≥ 0.9 with the float32
-    cache (33/33 after 3,500 tokens, bench/kv_int8_probe.py, docs/benchmarks.md)."""
+    cache (33/33 after 3,500 tokens, bench/probes/kv_int8_probe.py, docs/benchmarks.md)."""
     lms = [om.OnnxLM(load_manifest(d).target, d) for d in (real_export, kv8_export)]
     from tokenizers import Tokenizer
 

@@ -9,7 +9,7 @@ every ``probe_every`` plain steps so that it recovers when the text becomes pred
 removes every size whose pessimistic (p90) round time exceeds B.
 
 Paying the draft's catch-up. Before the draft can propose it must read every token it has not seen (the
-prompt, at ~1.8 ms a token on the 0.5B draft here: ``bench/microbench.py``). That one-time cost is spread over
+prompt, at ~1.8 ms a token on the 0.5B draft here: ``bench/probes/microbench.py``). That one-time cost is spread over
 the tokens the answer is still expected to run (:class:`~.estimators.AnswerLengths`: the mean excess of this
 controller's earlier answers that ran longer, or, with no such history, as many tokens as the answer has run so
 far: rent or buy). Short answers (a voice assistant's 10–20 tokens) therefore never pay it, and a session that
@@ -74,7 +74,7 @@ class AdaptiveK(KPolicy):
     ``alpha0``: the prior acceptance of a draft-model proposer; ``model_free_alpha0`` (default 0.7): that of a
     proposer without a model (prompt lookup, suffix, grammar; its old keyword ``lookup_alpha0=`` is still read);
     ``decay``: the acceptance counts' forgetting per round (0.9: a memory of ~10 rounds; at 0.8 two rejections
-    at K = 1 priced the draft out of chat answers it paid on, ``bench/controller_replay.py``); ``hysteresis``:
+    at K = 1 priced the draft out of chat answers it paid on, ``bench/probes/controller_replay.py``); ``hysteresis``:
     the margin by which a round must beat plain decoding in predicted tokens/ms; when it means paying a draft
     catch-up longer than a plain step, the catch-up's share of the plain time the answer is still expected to
     take times ``catchup_weight`` (≥ 0), between ``hysteresis`` and ``catchup_margin`` (:meth:`_margin`;
@@ -359,7 +359,7 @@ class AdaptiveK(KPolicy):
         counts it once more, so the larger it is against what it serves, the surer the gain must be, up to +10%:
         a 44-token code prompt read by the draft in 5% of a 64-token answer's plain time needs +5% (on session
         14's Zen 4 costs the fixed +10% of sessions 5–14 kept the draft off code it paid on: replayed 1.11×
-        against 1.23× now and k3's 1.23×, ``bench/controller_replay.py``, docs/benchmarks.md "Session 15"), a
+        against 1.23× now and k3's 1.23×, ``bench/probes/controller_replay.py``, docs/benchmarks.md "Session 15"), a
         voice prompt read in 13% of a 24-token answer's needs +10%. ``-keep_margin`` (it may fall that far below) when ``p`` has
         run since the last plain step and no such catch-up is due."""
         if p.uses_draft and catchup_ms > self.plain_ms:

@@ -121,7 +121,7 @@ class Acceptance:
     Before any round of a draft-model proposer its alpha is the mean top-1 probability of the target over this
     answer's plain steps (:meth:`observe_confidence`), with ``alpha0`` weighing as 4 steps: a free proxy of
     greedy acceptance (over the 12 built-in benchmark prompts, agreement 0.64 on chat to 0.98 on code; the two
-    differed by 0.03 at the median and 0.11 at most: ``bench/confidence_proxy.py``).
+    differed by 0.03 at the median and 0.11 at most: ``bench/probes/confidence_proxy.py``).
 
     ``counts``: name, or ``name/match``, → [accepted, rejected] (pseudo-counts, tokens); ``rounds``: name →
     rounds observed over the controller's life. Both persist (:mod:`.memory`).

@@ -2,7 +2,7 @@
 measured as :func:`edgespec.control.calibrate.calibrate` measures them, after each past in turn (twice, interleaved),
 in one process; the calibration cached in the user cache is left as it is.
 
-    python bench/verify_depth.py ~/.cache/edgespec/exports/qwen-kv8p --pasts 128,3500 --out /tmp/verify-depth.json
+    python bench/probes/verify_depth.py ~/.cache/edgespec/exports/qwen-kv8p --pasts 128,3500 --out /tmp/verify-depth.json
 
 The controller is calibrated after 128 tokens and rescales the whole curve by one measured factor; this shows how
 far the curve's shape moves with the past (issue 24: each verified row re-reads the cache in

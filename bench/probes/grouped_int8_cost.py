@@ -35,7 +35,7 @@ session 18) between calls; the float32 cache (200 MB) cannot. Random data with o
 channel scales, as real K has); the error printed is the grouped variant's, layer 0's: max |Δ| of its output
 against float32 attention over the same dequantized cache, relative to the output's max |value|.
 
-    python bench/grouped_int8_cost.py [--pasts 128,3500] [--new-rows 1,5] [--layers 28] [--check-kernels]
+    python bench/probes/grouped_int8_cost.py [--pasts 128,3500] [--new-rows 1,5] [--layers 28] [--check-kernels]
 
 Prints ms per call (median of ``--calls``; the grouped rows include the runtime's write of the new rows) and the
 relative error. Time it alone on the machine. Built and measured in session 18 (docs/benchmarks.md, "Session 18").

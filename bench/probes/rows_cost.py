@@ -5,7 +5,7 @@ A draft round of K tokens makes the target run K+1 rows; the ratio t(K+1)/t(1) b
 gain on a CPU (Leviathan et al. 2023, section 3.4, the cost coefficient). Random weights; ms per run, median
 of 15 after 3 warm-up runs.
 
-    python bench/rows_cost.py            # accuracy levels 4 (int8 compute, the exporter's default), 0, 1
+    python bench/probes/rows_cost.py            # accuracy levels 4 (int8 compute, the exporter's default), 0, 1
 """
 
 from __future__ import annotations

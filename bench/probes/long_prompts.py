@@ -4,7 +4,7 @@ library's own source, which every machine has: one function or method each, with
 Prompts of 64 tokens or more are what run on an export's int8 prefill graph (``edgespec export --prefill-int8``),
 which the built-in prompts of ``edgespec eval`` are too short to reach. Usage:
 
-    python bench/long_prompts.py > bench/prompts/long-code-edits.jsonl
+    python bench/probes/long_prompts.py > bench/prompts/long-code-edits.jsonl
     edgespec eval DIR --prompts bench/prompts/long-code-edits.jsonl
 
 writes JSON lines ``{"class": "code-edit", "prompt": ...}`` (the format of ``edgespec bench --prompts``).

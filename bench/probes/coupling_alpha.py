@@ -1,6 +1,6 @@
 """Acceptance of the two sampling rules on one export: accept/reject (Leviathan et al. 2023) vs the Gumbel coupling.
 
-    python bench/coupling_alpha.py EXPORT_DIR [--per-class 2] [--seeds 3] [--k 4] [--max-new-tokens 64]
+    python bench/probes/coupling_alpha.py EXPORT_DIR [--per-class 2] [--seeds 3] [--k 4] [--max-new-tokens 64]
                                    [--temperature 0.8 --top-p 0.95] [--out bench/results/coupling-alpha.json]
 
 For every built-in prompt, every seed and both rules, one speculative generation with a fixed K (the draft chain);
@@ -18,7 +18,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from edgespec import SpecDecoder  # noqa: E402
 from edgespec.bench.prompts import builtin  # noqa: E402
 
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     r = measure(a.export_dir, a.per_class, a.seeds, a.k, a.max_new_tokens, a.temperature, a.top_p)
-    r["command"] = "python bench/coupling_alpha.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    r["command"] = "python bench/probes/coupling_alpha.py " + " ".join(sys.argv[1:] if argv is None else argv)
     print(table(r))
     if a.out:
         a.out.write_text(json.dumps(r, indent=1))

@@ -4,7 +4,7 @@ Fills a graph's KV cache with ``--pasts`` random tokens (prefill in 512-token ch
 steps after each, and sums the profiler's kernel times per op type (ms per step). Used for issue 12: after a
 3,500-token past the format-3 target spends most of the extra time in ``GroupQueryAttention``.
 
-    python bench/profile_step.py ~/.cache/edgespec/exports/qwen2.5-coder-1.5b+0.5b --pasts 128,3500 [--role draft]
+    python bench/probes/profile_step.py ~/.cache/edgespec/exports/qwen2.5-coder-1.5b+0.5b --pasts 128,3500 [--role draft]
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ why an int8 cache's prefill runs on a float32 prefill graph (issue 24, session 1
 Qwen2.5-1.5B's shapes (12 query heads, 2 KV heads, D = 128), a shared past/present buffer of 4,096 positions
 bound through IO binding, rotary inside the op, random data; ms per call, mean of 5 after 2 warm-up calls.
 
-    python bench/gqa_prefill_cost.py [--rows 256] [--pasts 0,1024,3072] [--threads 2]
+    python bench/probes/gqa_prefill_cost.py [--rows 256] [--pasts 0,1024,3072] [--threads 2]
 """
 
 from __future__ import annotations

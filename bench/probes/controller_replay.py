@@ -6,13 +6,13 @@ true prefix, equals the answer's token (the draft's own proposals are those toke
 prompt-lookup proposal is a function of the committed tokens. So one recording per prompt, made with the real
 pair, fixes the acceptance of every round any policy could ask for:
 
-    python bench/controller_replay.py record [EXPORT] --per-class 3 --out bench/results/replay-record.json
+    python bench/probes/controller_replay.py record [EXPORT] --per-class 3 --out bench/results/replay-record.json
 
 records, for each built-in prompt, the prompt ids, plain decoding's answer, whether the draft's greedy token
 matched at each answer position and the target's top-1 probability there (the confidence prior of
 :class:`~edgespec.control.estimators.Acceptance`). Then
 
-    python bench/controller_replay.py replay bench/results/replay-record.json --cost v=62,70,88,98,116 --draft-ms 20.5 \
+    python bench/probes/controller_replay.py replay bench/results/replay-record.json --cost v=62,70,88,98,116 --draft-ms 20.5 \
         --catchup-ms 3.7 --policies plain,k1,k2,k3,default --noise 0.05 --seeds 5
 
 runs each policy over each answer: the real :class:`~edgespec.control.adaptive.AdaptiveK` (or a fixed K) chooses,
@@ -27,7 +27,7 @@ per class, as ``edgespec bench`` does. Policy names: ``plain``, ``k<K>`` (draft 
 is measured after a 128-token past; a recording of long prompts is charged what a verify costs after its past),
 and ``--max-new-tokens`` cuts the answers to a request's shorter limit (the context sweep asks for 48):
 
-    python bench/controller_replay.py replay REC.json --cost v=80,86,117,135,164,178,211 \
+    python bench/probes/controller_replay.py replay REC.json --cost v=80,86,117,135,164,178,211 \
         --true-cost v=107,131,182,226,285,316,371 --draft-ms 40 --catchup-ms 1.8 --max-new-tokens 48
 
 What it leaves out: sampling (greedy only), trees, the latency budget's catch-up pieces, and kernel noise (a

@@ -7,7 +7,7 @@ each token and advancing past it; reports the median and p90 µs per mask. Only 
 machine; the per-token share of a decode step is what matters (a 1.5B target step is ~100 ms here).
 
 Usage:
-    python bench/grammar_mask.py [EXPORT_DIR] [--repeats 3]   # default: the default pair in the user cache
+    python bench/probes/grammar_mask.py [EXPORT_DIR] [--repeats 3]   # default: the default pair in the user cache
 Install the other libraries to compare (they are not edgespec dependencies): pip install outlines-core
 xgrammar apache-tvm-ffi (xgrammar needs torch).
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string"}, "age": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}},

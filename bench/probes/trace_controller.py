@@ -2,8 +2,8 @@
 draft's catch-up cost, the expected remaining length and the plan it chose (issue 12: why the cold default
 starts the draft late). Prints the calibrated cost model first.
 
-    python bench/trace_controller.py [EXPORT] --prompts 1 --mode adaptive+lookup [--per-class 3] [--every 1]
-    python bench/trace_controller.py ~/.cache/edgespec/exports/qwen-kv8p --context 3500 --max-new-tokens 48
+    python bench/probes/trace_controller.py [EXPORT] --prompts 1 --mode adaptive+lookup [--per-class 3] [--every 1]
+    python bench/probes/trace_controller.py ~/.cache/edgespec/exports/qwen-kv8p --context 3500 --max-new-tokens 48
 
 ``--context N`` traces the context sweep's prompt of about N tokens (``edgespec bench --context``: standard-library
 source and a question) instead of built-in prompts. Each line ends with the round's accepted tokens and its

@@ -13,7 +13,7 @@ would do it, reports whether this onnxruntime runs it on CPU, and times it:
 
 Random data; Qwen2.5-1.5B's group (G = 6, D = 128); ms per call, mean of 50 after 3 warm-up calls.
 
-    python bench/kv_dtype_cost.py [--pasts 128,3500] [--new-rows 1,5]
+    python bench/probes/kv_dtype_cost.py [--pasts 128,3500] [--new-rows 1,5]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 from ``numpy.zeros`` (before session 5: numpy advises huge pages) and from ``edgespec.io.pages.anonymous_zeros``
 (now: 4 KB pages, resident as rows are written), alternating in one process, 8 rounds of 8 steps each.
 
-    python bench/kv_pages_ab.py EXPORT_DIR [PAST_TOKENS, default 3000]
+    python bench/probes/kv_pages_ab.py EXPORT_DIR [PAST_TOKENS, default 3000]
 
 Prints the median ms per step of each and their ratio.
 """

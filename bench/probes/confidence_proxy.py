@@ -1,7 +1,7 @@
 """How well the target's own top-1 probability predicts greedy acceptance (AdaptiveK's prior before any draft
 round). For each built-in prompt: plain greedy answer, then one forward of each model over prompt + answer;
 agreement = share of answer positions where the draft's argmax equals the target's.
-Usage: python bench/confidence_proxy.py [EXPORT_DIR]  (default: the default pair)."""
+Usage: python bench/probes/confidence_proxy.py [EXPORT_DIR]  (default: the default pair)."""
 
 import sys
 

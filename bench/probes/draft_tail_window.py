@@ -6,7 +6,7 @@ from an empty cache and reads either the whole prompt or, for ``@w512``, the pro
 first over the time after prefill), draft ms and alpha per run, two rounds of all modes, then the JSON of the
 rates. Result of session 12: ``bench/results/draft-tail-s12-xeon.txt``.
 
-    python bench/draft_tail_window.py ~/.cache/edgespec/exports/qwen-kv8p 3500
+    python bench/probes/draft_tail_window.py ~/.cache/edgespec/exports/qwen-kv8p 3500
 """
 import os, sys, time, json
 from edgespec.engine.decoder import SpecDecoder

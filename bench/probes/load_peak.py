@@ -2,7 +2,7 @@
 process, one after the other, printing the load time (s), the peak RSS during the load (VmHWM) and the RSS after
 it, in MB (MiB); and, once, the RSS of the tokenizer before and after ``pages.trim_heap``.
 
-    python bench/load_peak.py [EXPORT_DIR] [--role target] [--settings edgespec,ort-defaults] [--repeats 2]
+    python bench/probes/load_peak.py [EXPORT_DIR] [--role target] [--settings edgespec,ort-defaults] [--repeats 2]
 
 A setting is an :meth:`edgespec.io.onnx_model.SessionMemory.named` name (``ort-defaults``: no page release;
 ``edgespec``: today's defaults, pages released while and after loading). The processes alternate between the

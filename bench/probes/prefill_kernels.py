@@ -21,7 +21,7 @@ Three parts, each optional:
   64 positions teacher-forced with EXPORT's (int4) target from the cache it wrote, against int4 throughout:
   argmax agreement and max |Δ logit| per prompt (3 prompts).
 
-Writes ``--out``.json (bench_cli.write_result) and prints a markdown table.
+Writes ``--out``.json (llama_server.write_result) and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -43,14 +43,14 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cli import write_result
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: llama_server, peers
+from llama_server import write_result
 from peers import cpu_model
 
 from edgespec.errors import EdgespecError
 from edgespec.export.prefill_graph import dequantize_nbits, int8_columns
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 OPSETS = [h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)]
 
 

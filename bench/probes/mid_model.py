@@ -1,7 +1,7 @@
 """A random-weight Qwen2 with Qwen2.5-0.5B's shapes, exported int4 in graph formats 2 and 3, for memory studies
 that need neither the real pair nor its lock (``bench/memory.py --soak``).
 
-    python bench/mid_model.py OUT_DIR      # writes OUT_DIR/hf, OUT_DIR/format2, OUT_DIR/format3 (~10 min each)
+    python bench/probes/mid_model.py OUT_DIR      # writes OUT_DIR/hf, OUT_DIR/format2, OUT_DIR/format3 (~10 min each)
 
 Shapes: 24 layers, hidden 896, 14 query / 2 KV heads of 64, MLP 4864, vocab 151,936, tied embeddings: the
 KV cache is 24.6 KB per token (float32), the int4 MatMulNBits weights 294 MB and the fp32 embedding 519 MB
@@ -12,7 +12,7 @@ random, so only sizes and speeds mean anything. Needs the exporter (``pip instal
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def main(out: Path) -> None:

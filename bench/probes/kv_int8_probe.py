@@ -12,8 +12,8 @@ own score block (full precision, as they are exact for this run).
 Both targets decode real text side by side (a Python standard-library source file, which every machine has),
 teacher-forced with the float32-cache target's argmax, alternating step by step in one process:
 
-    python bench/kv_int8_probe.py ~/.cache/edgespec/exports/qwen-f4 --past 3500 --steps 48 --kinds value
-    python bench/kv_int8_probe.py ~/.cache/edgespec/exports/qwen-f4 --past 128 --steps 48 --kinds key,value
+    python bench/probes/kv_int8_probe.py ~/.cache/edgespec/exports/qwen-f4 --past 3500 --steps 48 --kinds value
+    python bench/probes/kv_int8_probe.py ~/.cache/edgespec/exports/qwen-f4 --past 128 --steps 48 --kinds key,value
 
 prints the argmax agreement, the max |Δ logit| of the prefill's last row and of the steps, and ms per step of
 each (median). Time it only alone on the machine. The rewritten graph goes to a scratch directory beside the

@@ -1,5 +1,5 @@
 """Micro-measurements behind docs/benchmarks.md: the output head on the last row only, and the per-round time
-spent outside the two models. Usage: python bench/microbench.py [EXPORT_DIR]  (default: the default pair)."""
+spent outside the two models. Usage: python bench/probes/microbench.py [EXPORT_DIR]  (default: the default pair)."""
 
 import sys
 import time

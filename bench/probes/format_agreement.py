@@ -6,7 +6,7 @@ Prints the prompt length, the share of steps whose argmax agrees, the max |Δ lo
 and of the steps, and each export's ms per step (one process, alternating; a correctness check, time it only
 alone on the machine).
 
-    python bench/format_agreement.py EXPORT_A EXPORT_B [--past 3500] [--steps 64] [--role target|draft]
+    python bench/probes/format_agreement.py EXPORT_A EXPORT_B [--past 3500] [--steps 64] [--role target|draft]
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ int8 KV cache's prefill against the float32 cache's). Random ids; prints tok/s a
 ``--prefill-graph`` runs the chunks as a prefill does (``forward(prefill=True)``: on the export's int8 prefill graph
 where it has one; session 11: an int8 cache beside a float32 prefill graph).
 
-    python bench/prefill_chunks.py 256 qwen-kv8,qwen2.5-coder-1.5b+0.5b   # chunk size, export names in the user cache
-    python bench/prefill_chunks.py 256 qwen-kv8p,qwen-p8b,qwen-kv8 --prefill-graph
+    python bench/probes/prefill_chunks.py 256 qwen-kv8,qwen2.5-coder-1.5b+0.5b   # chunk size, export names in the user cache
+    python bench/probes/prefill_chunks.py 256 qwen-kv8p,qwen-p8b,qwen-kv8 --prefill-graph
 """
 import sys
 import time

@@ -1,8 +1,8 @@
 """Long-context prompts for a replay recording at depth: about 3,400 tokens of standard-library source (which every
 machine has) and a question, in ``edgespec bench --prompts`` format (JSON lines ``{"class", "prompt"}``):
 
-    python bench/depth_prompts.py [EXPORT] > /tmp/depth-prompts.jsonl
-    python bench/controller_replay.py record EXPORT --prompts-file /tmp/depth-prompts.jsonl --out REC.json
+    python bench/probes/depth_prompts.py [EXPORT] > /tmp/depth-prompts.jsonl
+    python bench/probes/controller_replay.py record EXPORT --prompts-file /tmp/depth-prompts.jsonl --out REC.json
 
 The first is the context sweep's prompt (``edgespec bench --context 3500``: argparse and textwrap, "What does this
 code do?"); the others ask about other modules, one for an edit and one for a short judgement. Sources are cut in

@@ -1,7 +1,7 @@
 """Where a conversation's RSS growth happens: attribute it to each graph run (by graph and rows) and to the
 code between runs, for any edgespec CLI command (issue 17).
 
-    python bench/memory_steps.py chat EXPORT_DIR --max-new-tokens 120 < turns.txt
+    python bench/probes/memory_steps.py chat EXPORT_DIR --max-new-tokens 120 < turns.txt
 
 Every ``OnnxLM.forward`` is wrapped: RSS (``/proc/self/statm``) is read before and after it, so a run's own
 allocations (activations, newly written KV pages, arena growth) land on that run and everything else

@@ -14,7 +14,7 @@ Both start from the packed QKV projection's output (1, T, (heads + 2 kv_heads) Â
 output (1, T, heads Â· D). Shapes: ``--shape target`` is Qwen2.5-1.5B's (12 query heads, 2 KV heads, D = 128),
 ``draft`` Qwen2.5-0.5B's (14, 2, 64). Random data; ms per call, mean of 50 after 3 warm-up calls.
 
-    python bench/attention_cost.py [--pasts 128,3500] [--new-rows 1,5] [--shape target|draft] [--no-fp16]
+    python bench/probes/attention_cost.py [--pasts 128,3500] [--new-rows 1,5] [--shape target|draft] [--no-fp16]
         [--pool session|spin|shared]
 """
 
