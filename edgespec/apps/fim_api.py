@@ -10,14 +10,13 @@ llama.cpp server README (``/completion`` response fields, ``/infill``), Ollama's
 
 from __future__ import annotations
 
-import math
-import re
 import time
 from dataclasses import dataclass
 
 from ..engine.flags import MAX_SEED
 from .fim import FimPrompt
 from .request_error import is_one_of
+from .ollama_api import check_keep_alive, keep_alive_seconds, model_field, parse_options, stream_field  # noqa: F401
 from .openai_api import RequestError, aliased_int_field, bool_field, float_field, int_field, stop_field, text_field
 
 MAX_EXTRA = 256  # input_extra chunks per request
@@ -32,7 +31,8 @@ class FimRequest:
     ``evaluate_only``: ``n_predict`` 0, the prompt is only cached; ``n_indent`` (characters),
     ``t_max_predict_ms``/``t_max_prompt_ms`` (ms, 0 = off): see :class:`~edgespec.apps.fim.MiddleCutter`;
     ``cache_prompt`` False: the KV cache of earlier requests is not reused; ``num_ctx``: Ollama's context
-    size (tokens) for this request. Sampling fields None mean the server's default.
+    size (tokens) for this request; ``prompt_parts``, ``grammar``, ``return_tokens``: llama.cpp's ``/completion``
+    (:mod:`.llama_api`). Sampling fields None mean the server's default.
     """
 
     fim: FimPrompt | None = None
@@ -54,6 +54,9 @@ class FimRequest:
     num_ctx: int | None = None
     samplers_replaced: bool = False
     latency_budget_ms: float | None = None  # as openai_api.Request (the serve job builder reads it)
+    prompt_parts: tuple = ()  # llama.cpp's /completion: a prompt of token ids, as strings and id runs in order
+    grammar: tuple[str, object] | None = None  # /completion: ("gbnf", text) or ("json_schema", schema)
+    return_tokens: bool = False  # /completion: the generated token ids in the response's ``tokens``
 
 
 def _object(body) -> dict:
@@ -178,69 +181,23 @@ def completion_suffix(body) -> str | None:
 
 OLLAMA_FIELDS = {"model", "prompt", "suffix", "options", "stream", "raw", "keep_alive", "system", "template",
                  "context", "images", "format", "think"}
-OLLAMA_OPTIONS = {"num_predict", "temperature", "top_k", "top_p", "seed", "stop", "num_ctx"}
-
-
-_DURATION = re.compile(r"([0-9]*\.?[0-9]+|[0-9]+\.)(ns|us|µs|μs|ms|s|m|h)")
-_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def keep_alive_seconds(v) -> float:
-    """Ollama's ``keep_alive``: seconds as a number, or a Go duration string (``"5m"``, ``"1h30m"``, ``"-1"``,
-    ``"0s"``; a bare number string is seconds) → seconds (negative: forever). Raises RequestError (400)."""
-    bad = RequestError(400, 'keep_alive must be a duration: seconds, or a string such as "5m" or "1h30m"', "keep_alive")
-    if isinstance(v, bool) or not isinstance(v, (str, int, float)):
-        raise bad
-    if not isinstance(v, str):
-        if not math.isfinite(v):
-            raise bad
-        return float(v)
-    s = v.strip()
-    sign = -1.0 if s.startswith("-") else 1.0
-    s = s[1:] if s[:1] in "+-" else s
-    try:
-        seconds = float(s)  # "300", "0", "-1"
-    except ValueError:
-        pass
-    else:
-        if not math.isfinite(seconds):
-            raise bad
-        return sign * seconds
-    pos, total = 0, 0.0
-    for m in _DURATION.finditer(s):
-        if m.start() != pos:
-            raise bad
-        total, pos = total + float(m.group(1)) * _UNIT_S[m.group(2)], m.end()
-    if pos == 0 or pos != len(s):
-        raise bad
-    return sign * total
-
-
 def parse_ollama_generate(body) -> FimRequest:
     """An Ollama ``POST /api/generate`` body → :class:`FimRequest`. Raises RequestError (400).
 
     ``stream`` defaults to true (as Ollama); ``options`` may hold ``num_predict`` (-1: until the context is
-    full), ``temperature``, ``top_k``, ``top_p``, ``seed``, ``stop``, ``num_ctx``; ``system``, ``template``,
+    full), ``temperature``, ``top_k``, ``top_p``, ``seed``, ``stop``, ``num_ctx`` and the samplers edgespec lacks
+    at their "off" value (:func:`~edgespec.apps.ollama_api.parse_options`); ``system``, ``template``,
     ``context``, ``images``, ``format`` and ``think`` are refused unless empty; ``keep_alive`` is accepted
     (the model stays loaded for the server's lifetime) unless 0, which asks to unload it."""
     body = _object(body)
     _unknown(body, OLLAMA_FIELDS, "/api/generate")
-    if not isinstance(body.get("model"), str) or not body["model"]:
-        raise RequestError(400, "model is required", "model")
+    model_field(body)
     for name in ("system", "template", "context", "images", "format", "think"):
         if body.get(name) is not None and not is_one_of(body[name], "", [], False):
             raise RequestError(400, f"{name} is not implemented", name)
-    if body.get("keep_alive") is not None and keep_alive_seconds(body["keep_alive"]) == 0:
-        raise RequestError(400, "keep_alive 0 (unload the model) is not implemented: the model stays loaded",
-                           "keep_alive")
-    opts = {} if body.get("options") is None else body["options"]
-    if not isinstance(opts, dict):
-        raise RequestError(400, "options must be an object", "options")
-    bad = sorted(k for k in opts if k not in OLLAMA_OPTIONS and opts[k] is not None)
-    if bad:
-        raise RequestError(400, f"options: {', '.join(bad)} not implemented (supported: "
-                                f"{', '.join(sorted(OLLAMA_OPTIONS))})", "options")
-    n = int_field(opts, "num_predict", -2)
+    check_keep_alive(body)
+    o = parse_options(body.get("options"))
+    n = o.pop("num_predict")
     raw = bool_field(body, "raw")
     prompt = text_field(body.get("prompt", ""), "prompt")
     suffix = body.get("suffix")
@@ -250,17 +207,9 @@ def parse_ollama_generate(body) -> FimRequest:
     elif not prompt:
         raise RequestError(400, "prompt must not be empty (an empty prompt loads the model in Ollama; "
                                 "edgespec's is always loaded)", "prompt")
-    stream = True if body.get("stream") is None else body["stream"]
-    if not isinstance(stream, bool):
-        raise RequestError(400, "stream must be a boolean", "stream")
     return FimRequest(fim=fim, prompt=None if fim else prompt, raw=raw,
                       max_tokens=n if n is not None and n > 0 else None, until_context=n is not None and n < 0,
-                      evaluate_only=n == 0,
-                      temperature=float_field(opts, "temperature", lambda v: 0 <= v <= 2, "in [0, 2]"),
-                      top_p=float_field(opts, "top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
-                      top_k=int_field(opts, "top_k", 0),
-                      seed=int_field(opts, "seed", 0, MAX_SEED), stop=stop_field(opts.get("stop")), stream=stream,
-                      num_ctx=int_field(opts, "num_ctx", 1))
+                      evaluate_only=n == 0, stream=stream_field(body), **o)
 
 
 # -- responses --------------------------------------------------------------------------------------------
@@ -314,12 +263,3 @@ def ollama_done(model: str, text: str, done_reason: str, prompt_tokens: int, pro
     if ext is not None:
         out["edgespec"] = ext
     return out
-
-
-def ollama_tags(model: str, size: int, digest: str, family: str, quantization: str, modified: float) -> dict:
-    """``GET /api/tags``: the one model this server runs."""
-    return {"models": [{"name": model, "model": model,
-                        "modified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(modified)), "size": size,
-                        "digest": digest, "details": {"parent_model": "", "format": "onnx", "family": family,
-                                                      "families": [family], "parameter_size": "",
-                                                      "quantization_level": quantization}}]}

@@ -16,13 +16,14 @@ import json
 import time
 
 from .fim import DRAFT_WINDOW, FimPrompt, MiddleCutter, build_ids, draft_prompt_for, fim_tokens
-from .fim_api import (completion_suffix, infill_object, llama_timings, ollama_chunk, ollama_done, ollama_tags,
-                      parse_infill, parse_ollama_generate)
+from .fim_api import (completion_suffix, infill_object, llama_timings, ollama_chunk, ollama_done, parse_infill,
+                      parse_ollama_generate)
 from .openai_api import RequestError, extension_object
 from .serve_job import Job, cancel_task, read_json, wait_disconnect
 from ..core.stats import GenerationStats
 
-__all__ = ["completion_suffix", "routes", "suffix_ids", "mark_fim", "draft_view", "evaluate_only"]
+__all__ = ["completion_suffix", "routes", "suffix_ids", "mark_fim", "draft_view", "evaluate_only", "start", "events",
+           "llama_error", "llama_last"]
 
 
 def _tokens(engine):
@@ -116,7 +117,7 @@ def _stop_type(job, finish: str, stats) -> str:
     return "eos" if stats.stop_reason == "stop_token" else "limit"
 
 
-async def _events(job, request):
+async def events(job, request):
     """Yield the job's events until its end; a client that leaves cancels the job (then nothing more)."""
     watcher = asyncio.ensure_future(wait_disconnect(request))
     try:
@@ -135,41 +136,65 @@ async def _events(job, request):
         cancel_task(watcher)
 
 
+_LLAMA_TYPES = {404: "not_found_error", 501: "not_supported_error", 503: "unavailable_error"}
+
+
+def llama_error(status: int, message: str) -> dict:
+    """llama.cpp server's error object: ``{"error": {"code", "message", "type"}}``."""
+    kind = _LLAMA_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return {"error": {"code": status, "message": message, "type": kind}}
+
+
+async def start(engine, request, max_body_bytes: int, parse, build, replace: bool, prepare=None):
+    """Read, parse (``parse``: body → FimRequest) and queue one request of a completion route; ``build``
+    (FimRequest → token ids) and ``prepare`` (FimRequest, Job → None: more overrides, e.g. a grammar) run in a
+    worker thread. Returns ``(req, job)``. Raises RequestError (4xx) and ClientDisconnect."""
+    from starlette.concurrency import run_in_threadpool
+
+    body = await read_json(request, max_body_bytes)
+    req = parse(body)
+    ids = await run_in_threadpool(build, req)
+    stop_ids = _tokens(engine).stop_ids if req.fim is not None else frozenset()
+    client = request.client.host if replace and req.cache_prompt and request.client else None
+    job = _job(engine, req, ids, asyncio.get_running_loop(), client, stop_ids)
+    job.samplers_replaced = req.samplers_replaced
+    if req.fim is not None:
+        await run_in_threadpool(draft_view, engine, req.fim, job)
+    if prepare is not None:
+        await run_in_threadpool(prepare, req, job)
+    engine.submit(job)
+    return req, job
+
+
+def llama_last(engine, job, text: str, finish: str, stats, cached: int, queue_ms: float, **extra) -> dict:
+    """The last object of an ``/infill`` or ``/completion`` answer (its whole text, or "" when streamed), with
+    the counts, timings and settings; ``extra``: more keys (``tokens``, ``prompt``)."""
+    out = infill_object(engine.model, text, stop=True, stop_type=_stop_type(job, finish, stats),
+                        stopping_word=job.matcher.stopping_word, prompt_tokens=len(job.ids), cached=cached,
+                        predicted=stats.new_tokens,
+                        timings=llama_timings(len(job.ids) - cached, stats.prefill_ms, stats.new_tokens,
+                                              max(0.0, stats.wall_ms - stats.prefill_ms)),
+                        settings=_settings(engine, job), ext=extension_object(stats, queue_ms))
+    out.update(extra)
+    return out
+
+
 def routes(engine, max_body_bytes: int) -> list:
-    """The starlette routes: /infill, /api/generate, /api/tags."""
+    """The starlette routes: /infill, /api/generate."""
     from starlette.concurrency import run_in_threadpool
     from starlette.requests import ClientDisconnect
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
-    def llama_error(status: int, message: str) -> dict:  # llama.cpp server's error object
-        return {"error": {"code": status, "message": message,
-                          "type": "invalid_request_error" if status < 500 else "server_error"}}
+    async def start_here(request, parse, build, replace: bool):
+        return await start(engine, request, max_body_bytes, parse, build, replace)
 
-    async def start(request, parse, build, replace: bool):
-        body = await read_json(request, max_body_bytes)
-        req = parse(body)
-        ids = await run_in_threadpool(build, req)
-        stop_ids = _tokens(engine).stop_ids if req.fim is not None else frozenset()
-        client = request.client.host if replace and req.cache_prompt and request.client else None
-        job = _job(engine, req, ids, asyncio.get_running_loop(), client, stop_ids)
-        job.samplers_replaced = req.samplers_replaced
-        if req.fim is not None:
-            await run_in_threadpool(draft_view, engine, req.fim, job)
-        engine.submit(job)
-        return req, job
-
-    def infill_last(job, text: str, finish: str, stats, cached: int, queue_ms: float) -> dict:
-        return infill_object(engine.model, text, stop=True, stop_type=_stop_type(job, finish, stats),
-                             stopping_word=job.matcher.stopping_word, prompt_tokens=len(job.ids), cached=cached,
-                             predicted=stats.new_tokens,
-                             timings=llama_timings(len(job.ids) - cached, stats.prefill_ms, stats.new_tokens,
-                                                   max(0.0, stats.wall_ms - stats.prefill_ms)),
-                             settings=_settings(engine, job), ext=extension_object(stats, queue_ms))
+    def infill_last(job, text: str, *done) -> dict:
+        return llama_last(engine, job, text, *done)
 
     async def infill(request):
         try:
-            req, job = await start(request, lambda b: parse_infill(b, getattr(engine, "infill_samplers", "refuse")),
+            req, job = await start_here(request, lambda b: parse_infill(b, getattr(engine, "infill_samplers", "refuse")),
                                    lambda r: fim_ids(engine, r.fim), replace=True)
         except RequestError as e:
             return JSONResponse(llama_error(e.status, e.message), status_code=e.status)
@@ -177,11 +202,14 @@ def routes(engine, max_body_bytes: int) -> list:
             return Response(status_code=499)
         if req.stream:
             async def sse():
-                text = []
-                async for ev in _events(job, request):
+                predicted = 0  # tokens generated so far (llama.cpp's per-chunk tokens_predicted)
+                async for ev in events(job, request):
                     if ev[0] == "text":
-                        text.append(ev[1])
-                        obj = infill_object(engine.model, ev[1], stop=False, prompt_tokens=len(job.ids))
+                        predicted += len(ev[3])
+                        if not ev[1]:
+                            continue
+                        obj = infill_object(engine.model, ev[1], stop=False, prompt_tokens=len(job.ids),
+                                            predicted=predicted)
                     elif ev[0] == "error":
                         obj = llama_error(ev[1], ev[2])
                     else:
@@ -189,7 +217,7 @@ def routes(engine, max_body_bytes: int) -> list:
                     yield b"data: " + json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n\n"
             return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         text = []
-        async for ev in _events(job, request):
+        async for ev in events(job, request):
             if ev[0] == "text":
                 text.append(ev[1])
             elif ev[0] == "error":
@@ -215,15 +243,17 @@ def routes(engine, max_body_bytes: int) -> list:
 
     async def generate(request):
         try:
-            req, job = await start(request, parse_ollama_generate, ollama_ids, replace=False)
+            req, job = await start_here(request, parse_ollama_generate, ollama_ids, replace=False)
         except RequestError as e:
             return JSONResponse({"error": e.message}, status_code=e.status)
         except ClientDisconnect:
             return Response(status_code=499)
         if req.stream:
             async def lines():
-                async for ev in _events(job, request):
+                async for ev in events(job, request):
                     if ev[0] == "text":
+                        if not ev[1]:
+                            continue
                         obj = ollama_chunk(engine.model, ev[1])
                     elif ev[0] == "error":
                         obj = {"error": ev[2]}
@@ -232,7 +262,7 @@ def routes(engine, max_body_bytes: int) -> list:
                     yield json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n"
             return StreamingResponse(lines(), media_type="application/x-ndjson")
         text = []
-        async for ev in _events(job, request):
+        async for ev in events(job, request):
             if ev[0] == "text":
                 text.append(ev[1])
             elif ev[0] == "error":
@@ -241,16 +271,4 @@ def routes(engine, max_body_bytes: int) -> list:
                 return JSONResponse(ollama_last(job, "".join(text), *ev[1:]))
         return Response(status_code=499)
 
-    async def tags(request):
-        d = engine.decoder
-        m = d.manifest
-        root = d.target.export_dir
-        size = sum(f.size for f in m.files.values()) if m is not None else 0
-        manifest = root / "edgespec.json"
-        return JSONResponse(ollama_tags(
-            engine.model, size, f"sha256:{m.target.source_sha256}" if m is not None else "",
-            m.target.architecture if m is not None else "", m.target.quantization.precision if m is not None else "",
-            manifest.stat().st_mtime if manifest.is_file() else 0.0))
-
-    return [Route("/infill", infill, methods=["POST"]), Route("/api/generate", generate, methods=["POST"]),
-            Route("/api/tags", tags, methods=["GET"])]
+    return [Route("/infill", infill, methods=["POST"]), Route("/api/generate", generate, methods=["POST"])]

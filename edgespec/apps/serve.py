@@ -4,7 +4,9 @@ One model pair per process and one generation at a time: a single worker thread 
 :class:`~edgespec.engine.decoder.SpecDecoder`, requests wait in a bounded queue (429 when it is full), and the
 decoder's committed tokens carry over between requests, so a client that resends a growing conversation
 reuses the KV cache of the common prefix. A client that disconnects cancels its generation (between two
-target runs) or its place in the queue. Bad input is a 4xx with an OpenAI-style error object.
+target runs) or its place in the queue. Bad input is a 4xx in the error shape of the API it was sent to. The
+same engine serves Ollama's (:mod:`.ollama_serve`, :mod:`.fim_serve`) and llama.cpp's (:mod:`.llama_serve`,
+:mod:`.fim_serve`) routes.
 """
 
 from __future__ import annotations
@@ -131,21 +133,19 @@ class Engine:
         if hasattr(matcher, "start"):
             matcher.start()
         chunks = g.chunks()
-        sent = 0  # tokens whose logprobs were posted (with job.logprobs)
+        sent = 0  # tokens posted: their ids (and with job.logprobs their logprobs) ride on the text they made
         if job.echo:
-            job.post("text", job.echo)
+            job.post("text", job.echo, (), [])
         try:
             for piece, _ in chunks:
                 if job.cancel.is_set():
                     _post_superseded(job)
                     return "cancelled"
                 out = matcher.push(piece)
-                if job.logprobs:  # the logprobs of the tokens consumed so far ride on the text they made
+                if out or job.logprobs:
                     n = len(g.token_ids)
-                    job.post("text", out, g.stats.token_logprobs[sent:n])
+                    job.post("text", out, g.stats.token_logprobs[sent:n] if job.logprobs else (), g.token_ids[sent:n])
                     sent = n
-                elif out:
-                    job.post("text", out)
                 if matcher.hit:
                     finish = "stop"
                     break
@@ -154,7 +154,7 @@ class Engine:
         if finish is None:
             tail = matcher.flush()
             if tail:
-                job.post("text", tail)
+                job.post("text", tail, (), g.token_ids[sent:])
             finish = "stop" if g.stats.stop_reason == "stop_token" else "length"
         job.post("done", finish, g.stats, cached, queue_ms)
         return "completed"
@@ -168,17 +168,21 @@ def _post_superseded(job: Job) -> None:
 # -- HTTP ----------------------------------------------------------------------------------------------
 
 
-def _job_for(engine: Engine, req: Request, ids: list[int], loop) -> Job:
-    """Check the request against the context and build its job. Raises RequestError (400)."""
+def job_for(engine: Engine, req: Request, ids: list[int], loop, context: int | None = None,
+            until_context: bool = False) -> Job:
+    """Check the request against the context and build its job: the prompt ``ids`` (token ids), ``context`` a
+    smaller context for this request (tokens; Ollama's ``num_ctx``), ``until_context`` with ``max_tokens``
+    None: generate until the context is full (else the server's default). Raises RequestError (400)."""
     ctx, n = engine.decoder.context_length, len(ids)
+    ctx = ctx if context is None else min(ctx, context)
     if n >= ctx:
         raise RequestError(400, f"the prompt is {n} tokens; the context holds {ctx}",
                            "messages" if req.messages is not None else "prompt", "context_length_exceeded")
     if req.max_tokens is not None and n + req.max_tokens > ctx:
         raise RequestError(400, f"the prompt is {n} tokens and max_tokens {req.max_tokens}; the context holds "
                                 f"{ctx}", "max_tokens", "context_length_exceeded")
-    o = {"max_new_tokens": req.max_tokens if req.max_tokens is not None else min(engine.default_max_tokens,
-                                                                                   ctx - n)}
+    default = ctx - n if until_context else min(engine.default_max_tokens, ctx - n)
+    o = {"max_new_tokens": req.max_tokens if req.max_tokens is not None else default}
     for name in ("temperature", "top_p", "top_k", "seed"):
         if getattr(req, name) is not None:
             o[name] = getattr(req, name)
@@ -193,16 +197,33 @@ def _job_for(engine: Engine, req: Request, ids: list[int], loop) -> Job:
                logprobs=req.extras is not None and req.extras.logprobs is not None, echo=echo)
 
 
+
 def _policy(gen_kwargs: dict):
     """The server's K policy if it honours a latency budget (adaptive K), else None (fixed K, plain decoding)."""
     p = gen_kwargs.get("policy")  # the keyword of SpecDecoder.generate that takes the K policy
     return p if p is not None and p.honours_budget else None
 
 
+LLAMA_PATHS = ("/infill", "/completion", "/completions", "/tokenize", "/detokenize", "/props")
+
+
+def error_body(path: str, status: int, message: str) -> dict:
+    """An error in the shape of the API that ``path`` belongs to: Ollama's ``{"error": "text"}`` under /api/,
+    llama.cpp's ``{"error": {"code", "message", "type"}}`` on its routes, else OpenAI's error object."""
+    if path.startswith("/api/"):
+        return {"error": message}
+    if path.rstrip("/") in LLAMA_PATHS:
+        from .fim_serve import llama_error
+
+        return llama_error(status, message)
+    return error_object(message, "invalid_request_error" if status < 500 else "server_error")
+
+
 def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):
     """The starlette application: /v1/chat/completions, /v1/completions (``suffix``: fill in the middle),
-    /v1/models, /health, and the code-completion routes of :mod:`.fim_serve` (/infill, /api/generate,
-    /api/tags)."""
+    /v1/models, /health, the code-completion routes of :mod:`.fim_serve` (/infill, /api/generate), Ollama's chat
+    and model routes (:mod:`.ollama_serve`) and llama.cpp's (:mod:`.llama_serve`). Unknown paths and methods
+    are answered in the shape of the API the path belongs to (:func:`error_body`)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.concurrency import run_in_threadpool
@@ -210,17 +231,18 @@ def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
-    from . import fim_serve
+    from . import fim_serve, llama_serve, ollama_serve
 
     def error(e: RequestError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
 
     async def http_error(request, exc: HTTPException):
-        return JSONResponse(error_object(str(exc.detail), "invalid_request_error"), status_code=exc.status_code)
+        return JSONResponse(error_body(request.url.path, exc.status_code, str(exc.detail)),
+                            status_code=exc.status_code)
 
     async def server_error(request, exc: Exception):
         print(f"edgespec serve: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return JSONResponse(error_object("internal error", "server_error"), status_code=500)
+        return JSONResponse(error_body(request.url.path, 500, "internal error"), status_code=500)
 
     def encode(req: Request) -> list[int]:
         return encode_request(engine.decoder, req)
@@ -234,7 +256,7 @@ def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):
                 ids = await run_in_threadpool(encode, req)
             else:  # OpenAI's insert mode: the prompt is the code before, the suffix the code after
                 ids = await run_in_threadpool(fim_serve.suffix_ids, engine, req, suffix)
-            job = _job_for(engine, req, ids, asyncio.get_running_loop())
+            job = job_for(engine, req, ids, asyncio.get_running_loop())
             if suffix is not None:
                 fim_serve.mark_fim(engine, job)
                 await run_in_threadpool(fim_serve.draft_view, engine,
@@ -292,7 +314,8 @@ def build_app(engine: Engine, max_body_bytes: int = MAX_BODY_BYTES):
     routes = [Route("/v1/chat/completions", chat_completions, methods=["POST"]),
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/models", models, methods=["GET"]),
-              Route("/health", health, methods=["GET"]), *fim_serve.routes(engine, max_body_bytes)]
+              Route("/health", health, methods=["GET"]), *fim_serve.routes(engine, max_body_bytes),
+              *ollama_serve.routes(engine, max_body_bytes), *llama_serve.routes(engine, max_body_bytes)]
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
 
 

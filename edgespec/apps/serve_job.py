@@ -15,9 +15,10 @@ from .request_error import RequestError
 @dataclass
 class Job:
     """One queued generation. The worker thread posts ``(kind, ...)`` events to ``events`` on ``loop``:
-    ``("text", str)`` (``("text", str, [TokenLogprob])`` when ``logprobs``), then
+    ``("text", str, [TokenLogprob], [int])``: a piece of text, the logprobs of the tokens that made it (empty
+    unless ``logprobs``) and their ids (tokens whose text is held back ride on a later piece), then
     ``("done", finish_reason, stats, cached_tokens, queue_ms)`` or ``("error", status, message)``. ``echo``:
-    text sent first (the prompt, for completions' ``echo``).
+    text sent first (the prompt, for completions' ``echo``; no token ids).
 
     Completion jobs (:mod:`.fim_serve`) also set ``stop_ids`` (tokens that end this generation besides the
     export's stop tokens), ``matcher`` (a :class:`~edgespec.apps.fim.MiddleCutter` in place of the stop-string
