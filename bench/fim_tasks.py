@@ -1,4 +1,5 @@
-"""Fill-in-the-middle tasks from code nobody here wrote: the Python standard library's own source files.
+"""Fill-in-the-middle tasks from code nobody here wrote: the Python standard library's own source files
+(imported by ``bench/fim_bench.py``; ``python bench/fim_bench.py --help`` runs them).
 
 From each of :data:`MODULES` (resolved with ``inspect.getsourcefile``, so the files of the Python that runs
 the benchmark), functions are picked with a seeded RNG; in each, a span of 1–5 whole lines of its body is

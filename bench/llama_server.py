@@ -1,5 +1,5 @@
 """Drive a llama.cpp ``llama-server`` on loopback for the peers benchmark: start it, send one greedy completion
-from token ids, and read its own timings.
+from token ids, and read its own timings (imported by ``bench/peers.py``, ``fim_bench.py``, ``json_output.py``).
 
 Prompts go to ``POST /completion`` as token ids (the ids edgespec's tokenizer and chat template made), so both
 runtimes prefill exactly the same tokens; ``cache_prompt`` is off so every request prefills from scratch.

@@ -13,7 +13,7 @@ Usage (build llama.cpp first, ~5.5 min on 2 cores: ``python bench/peers_build.py
     python bench/peers.py --per-class 2 --out bench/results/peers-default-int4
 writes ``<out>.json`` and ``<out>.png`` and prints the markdown table for docs/benchmarks.md.
 
-onnxruntime-genai is not run here: see docs/benchmarks.md ("Peers") for why.
+onnxruntime-genai is not run here: see docs/benchmarks.md ("How the figures are measured") for why.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """Build the test suite's tiny random pair (``tests/conftest.py``'s ``tiny_export``: a 2-layer qwen2 target, its
 copy with 10% weight noise as the draft, fp32, the exporter's default graph format) at OUT, for benchmarks that
-time the Python around the models (``bench/compare_checkouts.py``). Needs the ``export`` extra."""
+time the Python around the models (``bench/compare_checkouts.py``). Needs the ``export`` extra.
+
+    python bench/tiny_pair.py OUT_DIR
+"""
 
 from __future__ import annotations
 

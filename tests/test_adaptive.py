@@ -232,15 +232,15 @@ def test_draft_catch_up_is_amortized_over_the_expected_answer_length():
 
 def test_the_catch_up_margin_is_the_catch_ups_share_of_the_remaining_plain_time():
     """Starting the draft behind a catch-up needs a gain over plain decoding of the catch-up's share of the plain
-    time the answer is still expected to take, between the hysteresis (+3%) and +10% (session 15; sessions
-    5–14: always +10%): a small catch-up against a long answer starts the draft at +9%; the same catch-up at
+    time the answer is still expected to take, between the hysteresis (+3%) and +10% (since 2026-12-02; before
+    it: always +10%): a small catch-up against a long answer starts the draft at +9%; the same catch-up at
     +5% starts it against 75 expected tokens (share 5.3%) and not against 60 (6.6%)."""
     cost = CostModel(list(LINEAR), draft_ms=40.0, draft_prefill_ms=2.0)
     small = AdaptiveK(cost, alpha0=0.65)  # 59 tokens × 2 ms of catch-up over 200 expected tokens: share 0.6%
     gain = small._best(Offer(P["draft"], 99), 118.0, 200.0).rate * small.plain_ms
     assert 1.05 < gain < 1.10
     assert _choose(small, lag=60, horizon=400) == ("draft", 1)
-    fixed = AdaptiveK(cost, alpha0=0.65, catchup_weight=math.inf)  # the rule before session 15: +10%
+    fixed = AdaptiveK(cost, alpha0=0.65, catchup_weight=math.inf)  # the rule before 2026-12-02: +10%
     assert _choose(fixed, lag=60, horizon=400) == ("draft", 0)
     # 199 tokens × 2 ms of catch-up; no answer seen, so half the horizon is expected to follow
     for horizon, share, starts in ((150, 398.0 / 7500.0, True), (120, 398.0 / 6000.0, False)):

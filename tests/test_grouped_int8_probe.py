@@ -1,6 +1,6 @@
 """bench/probes/grouped_int8_cost.py's grouped int8 attention (two integer GEMMs, the query and P in two levels) computes
 float32 attention over the dequantized int8 cache, for decode rows and multi-row verifies, and writes the new rows
-as the cache's int8 codes (docs/benchmarks.md, "Session 18")."""
+as the cache's int8 codes (docs/benchmarks.md, "Why onnxruntime's attention sets the long-context floor")."""
 
 import importlib.util
 from pathlib import Path

@@ -1,10 +1,10 @@
-"""Scratch-grade probe (session 12): a draft that reads only the end of a long chat prompt.
+"""Scratch-grade probe (2026-12-02, Intel Xeon family 6 model 207): a draft that reads only the end of a long chat prompt.
 
 The target's cache keeps a long prompt (``edgespec.bench.context.long_prompt``); for each mode the draft starts
 from an empty cache and reads either the whole prompt or, for ``@w512``, the prompt from a cut at a multiple of
 512 tokens (512–1,023 tokens; ``GenerationOptions.draft_prompt``). Prints decode tok/s (new tokens after the
 first over the time after prefill), draft ms and alpha per run, two rounds of all modes, then the JSON of the
-rates. Result of session 12: ``bench/results/draft-tail-s12-xeon.txt``.
+rates. Result: ``bench/results/draft-tail-2026-12-02-xeon207.txt``.
 
     python bench/probes/draft_tail_window.py ~/.cache/edgespec/exports/qwen-kv8p 3500
 """

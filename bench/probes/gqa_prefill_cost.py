@@ -1,5 +1,5 @@
 """One layer's prompt chunk through ``GroupQueryAttention`` with a float32 and with an int8 (PER_CHANNEL) KV cache:
-why an int8 cache's prefill runs on a float32 prefill graph (issue 24, session 11; ``edgespec/io/kv_int8_copy.py``).
+why an int8 cache's prefill runs on a float32 prefill graph (issue 24, 2026-12-02; ``edgespec/io/kv_int8_copy.py``).
 
 Qwen2.5-1.5B's shapes (12 query heads, 2 KV heads, D = 128), a shared past/present buffer of 4,096 positions
 bound through IO binding, rotary inside the op, random data; ms per call, mean of 5 after 2 warm-up calls.

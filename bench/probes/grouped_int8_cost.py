@@ -1,7 +1,7 @@
 """Attention over an int8 KV cache that reads each KV head once per query group, with onnxruntime's integer
 GEMM, against ``GroupQueryAttention``'s own int8 cache (graph format 3 ``--kv-int8``), over a whole step's layers.
 
-Session 10 found no way to read an int8 cache once per query group with onnxruntime 1.32's CPU ops: widening it
+The probes of 2026-12-01 found no way to read an int8 cache once per query group with onnxruntime 1.32's CPU ops: widening it
 in the graph (``DequantizeLinear``, ``Cast``) costs what the smaller reads save, and quantizing the softmax
 output P to uint8 with one scale for the whole tensor (``DynamicQuantizeMatMul``) loses the small
 probabilities (13/33 agreement). This probe tries a formulation that keeps both the cache and the products in
@@ -31,14 +31,14 @@ export), both in place through IO binding, no rotary in any variant (the grouped
 after rotary). Each variant is one graph of ``--layers`` independent layers, each with its own buffers and its
 own inputs (so that onnxruntime cannot merge the layers' identical ops): a call reads a whole step's cache. The
 target's int8 cache after 3,500 tokens is 50 MB, which may partly stay in a large L3 (105 MB on the Xeon of
-session 18) between calls; the float32 cache (200 MB) cannot. Random data with outlier channels (log-normal
+2026-12-03) between calls; the float32 cache (200 MB) cannot. Random data with outlier channels (log-normal
 channel scales, as real K has); the error printed is the grouped variant's, layer 0's: max |Δ| of its output
 against float32 attention over the same dequantized cache, relative to the output's max |value|.
 
     python bench/probes/grouped_int8_cost.py [--pasts 128,3500] [--new-rows 1,5] [--layers 28] [--check-kernels]
 
 Prints ms per call (median of ``--calls``; the grouped rows include the runtime's write of the new rows) and the
-relative error. Time it alone on the machine. Built and measured in session 18 (docs/benchmarks.md, "Session 18").
+relative error. Time it alone on the machine. Built and measured on 2026-12-03 (docs/benchmarks.md, "Why onnxruntime's attention sets the long-context floor"; output in ``bench/results/grouped-int8-cost-2026-12-03-xeon167.txt``).
 """
 
 from __future__ import annotations

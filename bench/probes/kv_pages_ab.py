@@ -1,5 +1,5 @@
 """A/B of the format-3 KV buffers' memory (issue 17): a one-row target step after a long past with the buffers
-from ``numpy.zeros`` (before session 5: numpy advises huge pages) and from ``edgespec.io.pages.anonymous_zeros``
+from ``numpy.zeros`` (before 2026-11-30: numpy advises huge pages) and from ``edgespec.io.pages.anonymous_zeros``
 (now: 4 KB pages, resident as rows are written), alternating in one process, 8 rounds of 8 steps each.
 
     python bench/probes/kv_pages_ab.py EXPORT_DIR [PAST_TOKENS, default 3000]

@@ -1,7 +1,7 @@
-"""Prefill of one long prompt on several exports' targets, chunk by chunk, alternating between them (session 10: the
+"""Prefill of one long prompt on several exports' targets, chunk by chunk, alternating between them (2026-12-01: the
 int8 KV cache's prefill against the float32 cache's). Random ids; prints tok/s and every few chunks' ms.
 ``--prefill-graph`` runs the chunks as a prefill does (``forward(prefill=True)``: on the export's int8 prefill graph
-where it has one; session 11: an int8 cache beside a float32 prefill graph).
+where it has one; 2026-12-02: an int8 cache beside a float32 prefill graph).
 
     python bench/probes/prefill_chunks.py 256 qwen-kv8,qwen2.5-coder-1.5b+0.5b   # chunk size, export names in the user cache
     python bench/probes/prefill_chunks.py 256 qwen-kv8p,qwen-p8b,qwen-kv8 --prefill-graph

@@ -78,7 +78,7 @@ class AdaptiveK(KPolicy):
     the margin by which a round must beat plain decoding in predicted tokens/ms; when it means paying a draft
     catch-up longer than a plain step, the catch-up's share of the plain time the answer is still expected to
     take times ``catchup_weight`` (≥ 0), between ``hysteresis`` and ``catchup_margin`` (:meth:`_margin`;
-    ``catchup_weight=math.inf`` gives the fixed ``catchup_margin`` of sessions 5–14); ``keep_margin``: the fraction by which a
+    ``catchup_weight=math.inf`` gives the fixed ``catchup_margin`` used before 2026-12-02); ``keep_margin``: the fraction by which a
     proposer that has run since the last plain step may fall below a plain step and still run this round (the
     other side of the hysteresis band: an estimate of a few rounds' tokens swings below break-even on text it
     pays on; a prompt-lookup round between two draft rounds does not end the draft's run);
@@ -357,9 +357,9 @@ class AdaptiveK(KPolicy):
         ``hysteresis`` and ``catchup_margin``. The catch-up is a sure cost against a gain that rests on two
         estimates, alpha and the answer's length; the rate already spreads it over the answer, and the margin
         counts it once more, so the larger it is against what it serves, the surer the gain must be, up to +10%:
-        a 44-token code prompt read by the draft in 5% of a 64-token answer's plain time needs +5% (on session
-        14's Zen 4 costs the fixed +10% of sessions 5–14 kept the draft off code it paid on: replayed 1.11×
-        against 1.23× now and k3's 1.23×, ``bench/probes/controller_replay.py``, docs/benchmarks.md "Session 15"), a
+        a 44-token code prompt read by the draft in 5% of a 64-token answer's plain time needs +5% (on the
+        Zen 4's costs the fixed +10% used before 2026-12-02 kept the draft off code it paid on: replayed 1.11×
+        against 1.23× now and k3's 1.23×, ``bench/probes/controller_replay.py``, docs/benchmarks.md "AMD EPYC Zen 4"), a
         voice prompt read in 13% of a 24-token answer's needs +10%. ``-keep_margin`` (it may fall that far below) when ``p`` has
         run since the last plain step and no such catch-up is due."""
         if p.uses_draft and catchup_ms > self.plain_ms:
@@ -378,8 +378,8 @@ class AdaptiveK(KPolicy):
         """A model-free proposer never tried, offering 2 tokens or more: a round of ``probe_k`` (fewer if it
         offers fewer), so that its alpha is learned (at the default ``probe_k`` = 1 it costs one extra verified
         row; a longer one cost a 12-token voice answer ~10%; the per-match estimates lengthen later tries). None
-        otherwise, or if it does not fit the budget. (A first try at each match length as well was replayed in
-        session 14, ``docs/benchmarks.md``: it helped one 8-token voice answer and cost as much on others.)"""
+        otherwise, or if it does not fit the budget. (A first try at each match length as well was replayed on
+        Zen 4's costs, 2026-12-02: it helped one 8-token voice answer and cost as much on others.)"""
         p = o.proposer
         size = min(o.limit, self.free_k_max, self.probe_k)
         if not self.acceptance.tried(p.name) and o.limit >= 2 and self._fits(p, size):

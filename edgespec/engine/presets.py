@@ -15,7 +15,7 @@ __all__ = ["ANSWER_PRIORS", "DEFAULT_K", "generation_options", "k_policy", "mode
 #: ``answer_prior``). Voice: the voice system prompt asks for one or two short spoken sentences; the bench's voice
 #: prompts answered in 12–20 tokens in every recorded run (``bench/results/peers-*.json``), so a cold controller
 #: that priced the draft's ~45-token prompt catch-up against half of ``max_new_tokens`` (64) started the draft on
-#: answers it could not pay back in (0.80–0.89× of plain, docs/benchmarks.md, session 9). Other uses: None (half of
+#: answers it could not pay back in (0.80–0.89× of plain, docs/benchmarks.md, Intel Xeon family 6 model 207, 2026-12-01). Other uses: None (half of
 #: what the request allows).
 ANSWER_PRIORS: dict[str, float] = {"voice": 24.0}
 

@@ -1,7 +1,7 @@
 """An int8 KV cache's float32 copy, for a prefill graph that attends in float32 (``GraphSpec.prefill_kv_cache``).
 
 onnxruntime's ``GroupQueryAttention`` with an int8 cache has no GEMM path for many query rows (a 256-row prompt
-chunk 3–4× slower than with a float32 cache, docs/benchmarks.md "Session 11"). An export made with ``--kv-int8
+chunk 3–4× slower than with a float32 cache, docs/benchmarks.md "The int8 prefill graph"). An export made with ``--kv-int8
 --prefill-int8`` therefore keeps its prefill graph's cache float32: the runtime dequantizes the cached rows into a
 float32 copy (exactly what the int8 graph reads), runs the prompt chunk on it, and quantizes the new rows into the
 int8 cache as ``GroupQueryAttention`` does (:class:`Float32Copy`, mixed into

@@ -203,7 +203,7 @@ class InPlaceKVCache(PreallocatedKV, Float32Copy):
 
 SharedKVCache = InPlaceKVCache  # the former name ("shared": past and present share one buffer)
 
-ROTARY_POSITIONS = "edgespec.rotary_positions"  # graph metadata: the rows of its rotary table (exports since session 18)
+ROTARY_POSITIONS = "edgespec.rotary_positions"  # graph metadata: the rows of its rotary table (exports since 2026-12-03)
 CACHE_CAPACITY = 4096  # initial positions of a format-3 cache buffer; it doubles on demand up to the context
 _ALL_ROWS = np.zeros(1, dtype=np.int64)  # logits_keep = 0: every row
 PREFILL_GRAPH_ROWS = 64  # prefill chunks of at least this many rows run on the int8 prefill graph, when loaded
@@ -261,7 +261,7 @@ class SessionMemory:
     - ``prefill_graph``: also load the export's int8 prefill graph where it has one (``edgespec export
       --prefill-int8``: about 2× faster prompt chunks, about 1.4 GB more RSS for the 1.5B target).
 
-    Measured (docs/benchmarks.md, "Memory"): keep the arena (without it malloc fragments worse: more RSS
+    Measured (docs/benchmarks.md, "Other benchmarks"): keep the arena (without it malloc fragments worse: more RSS
     growth per context token) and prepacking (without it an int4 step is about 37× slower: MatMulNBits
     dequantizes every call). ``mem_pattern`` changes no peak measurably (the peaks are at load and at the
     end of a conversation). What cuts memory is graph format 3 (an in-place KV cache: no per-step
@@ -395,7 +395,7 @@ class OnnxLM:
 
     def _check_format(self, session: ort.InferenceSession, path) -> None:
         """The graph's own metadata against the manifest: its format, and the positions its rotary table holds
-        (exports since session 18 record them; the manifest's ``context_length`` must not exceed them, or
+        (exports since 2026-12-03 record them; the manifest's ``context_length`` must not exceed them, or
         positions past the table would reach the attention kernel). Raises EdgespecError."""
         fmt = self.spec.graph_format
         meta = session.get_modelmeta().custom_metadata_map

@@ -5,7 +5,7 @@ weight into its own buffer at load. Reading the file for that packing makes its 
 process; the packed weights' mappings are released afterwards, but on x86 the MatMulNBits kernel does not
 release its ``scales`` input (it packs them into its buffer and reports them as not packed), so every scale
 of the graph stays mapped and resident: 0.125 byte per weight at block size 32, 184 MB for Qwen2.5-1.5B,
-59 MB for the 0.5B (measured, docs/benchmarks.md "Memory"). The embedding table is mapped too; only the
+59 MB for the 0.5B (measured, docs/benchmarks.md "Other benchmarks"). The embedding table is mapped too; only the
 rows of tokens seen are read.
 
 None of these pages is read again for a step (the kernels use their packed copies), and none was written:

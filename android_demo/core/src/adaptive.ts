@@ -50,7 +50,7 @@ export interface AdaptiveOptions {
   probeK?: number;
   catchupMargin?: number;
   /** Weight of the catch-up's share of the remaining plain time in the margin of a draft start (≥ 0;
-   * Infinity: always `catchupMargin`, the rule before session 15). Default 1. */
+   * Infinity: always `catchupMargin`, the rule before 2026-12-02). Default 1. */
   catchupWeight?: number;
 }
 
