@@ -67,3 +67,23 @@ def test_json_schema_and_logprobs_speculative_equals_plain(dec):
     a = np.array([e.logprob for e in plain.stats.token_logprobs])
     b = np.array([e.logprob for e in spec.stats.token_logprobs])
     assert len(a) == len(plain.token_ids) and np.abs(a - b).max() < 0.05  # int4 kernels: 1- vs K+1-row noise
+
+
+def test_parallel_tool_calls_end_after_the_one_call_asked_for(real_export, tmp_path):
+    """``parallel_tool_calls`` true with a required call: one question about one city is one call, ended with
+    ``finish_reason`` "tool_calls" (the model ends its turn ``</tool_call>\\n<|im_end|>``; a grammar whose newline
+    led only to a next call made it invent 13 calls on 2026-12-04)."""
+    from test_serve import Server
+
+    s = Server(real_export, tmp_path, tmp_path / "serve.log")
+    try:
+        for parallel in (True, False):
+            r = s.client.chat.completions.create(
+                model="edgespec", messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+                tools=TOOLS, tool_choice="required", parallel_tool_calls=parallel, max_tokens=300, temperature=0)
+            ch = r.choices[0]
+            assert ch.finish_reason == "tool_calls" and len(ch.message.tool_calls) == 1, ch
+            call = ch.message.tool_calls[0].function
+            assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
+    finally:
+        s.close()

@@ -82,7 +82,9 @@ class Constraint:
     def tool_calls(cls, tools: Sequence[dict], parallel: bool = True, single_tokens: bool = True) -> "Constraint":
         """One tool call (``parallel`` False) or one or more, in the Qwen2.5 / Hermes format the chat template
         asks for: ``<tool_call>\\n{"name": NAME, "arguments": {...}}\\n</tool_call>``, calls separated by a
-        newline. ``tools``: OpenAI tool objects (``{"type": "function", "function": {"name", "parameters"}}``);
+        newline; the answer may end after any call, with or without a newline (Qwen2.5-Coder ends its turn
+        ``</tool_call>\\n<|im_end|>``: were the newline only the way to a next call, it would be made to call
+        again). ``tools``: OpenAI tool objects (``{"type": "function", "function": {"name", "parameters"}}``);
         each call's arguments match that function's ``parameters`` schema. ``single_tokens``: the tokenizer has
         ``<tool_call>`` and ``</tool_call>`` as added tokens (Qwen2.5's do), which the grammar then names as
         tokens; otherwise they are matched as text."""
@@ -98,7 +100,7 @@ class Constraint:
         o, c = (TOOL_OPEN, TOOL_CLOSE) if single_tokens else (f'"{TOOL_OPEN}"', f'"{TOOL_CLOSE}"')
         call = f'{o} "\\n" body "\\n" {c}'
         more = ' ("\\n" call)*' if parallel else ""
-        lark = f"start: call{more}\ncall: {call}\nbody: %json {json.dumps(body)}\n"
+        lark = f'start: call{more} "\\n"?\ncall: {call}\nbody: %json {json.dumps(body)}\n'
         return cls._checked(_llguidance().LLMatcher.grammar_from_lark(lark), "tool_calls")
 
     @classmethod
