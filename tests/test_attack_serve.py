@@ -186,7 +186,7 @@ def test_a_completion_prompt_over_the_context_names_prompt():
     """/v1/completions (a suffix over the context included) has no ``messages``: the 400 names ``prompt``."""
     from types import SimpleNamespace
 
-    from edgespec.apps.serve import job_for
+    from edgespec.apps.serve_fields import job_for
 
     engine = SimpleNamespace(decoder=SimpleNamespace(context_length=8), default_max_tokens=4, gen_kwargs={})
     for req, param in ((parse_completion({"prompt": "x"}, 512), "prompt"), (parse_chat({"messages": M}), "messages")):

@@ -165,7 +165,12 @@ def routes(engine, max_body_bytes: int) -> list:
     async def props(request):
         if request.method == "POST":
             return error(501, PROPS_READ_ONLY)
-        import edgespec
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            own = version("edgespec")
+        except PackageNotFoundError:  # a checkout that was never installed
+            own = ""
 
         def token(i):
             return d.tokenizer.id_to_token(int(i)) if i is not None else ""
@@ -174,7 +179,7 @@ def routes(engine, max_body_bytes: int) -> list:
         special = m.special_tokens if m is not None else None
         return JSONResponse(props_object(
             default_settings(engine), d.context_length, str(d.target.export_dir),
-            d.template.source if d.template is not None else "", f"edgespec {getattr(edgespec, '__version__', '')}",
+            d.template.source if d.template is not None else "", f"edgespec {own}",
             engine.health()["running"], token(getattr(special, "bos", None)) or "",
             token(getattr(special, "eos", None)) or ""))
 

@@ -20,8 +20,7 @@ from .ollama_api import (OLLAMA_API_VERSION, ModelCard, chat_chunk, chat_done, d
                          parse_chat, parse_show, ps_object, show_object, tags_object)
 from .openai_api import extension_object
 from .request_error import RequestError
-from .serve import job_for
-from .serve_fields import encode_request
+from .serve_fields import encode_request, job_for
 from .serve_job import read_json
 from .serve_output import Choice
 from .tools import template_renders_tools

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..core.constrain import TOOL_OPEN, Constraint
 from .openai_api import Request, RequestError
+from .serve_job import Job
 from ..core.processors import Processing
 from .tools import TOOL_CLOSE, template_messages, template_renders_tools
 
@@ -71,3 +72,39 @@ def generation_overrides(decoder, x) -> dict:
     if x.logprobs is not None:
         out["logprobs"] = x.logprobs
     return out
+
+
+def job_for(engine, req: Request, ids: list[int], loop, context: int | None = None,
+            until_context: bool = False) -> Job:
+    """Check the request against the context and build its job: the prompt ``ids`` (token ids), ``context`` a
+    smaller context for this request (tokens; Ollama's ``num_ctx``), ``until_context`` with ``max_tokens``
+    None: generate until the context is full (else the server's default). Raises RequestError (400)."""
+    ctx, n = engine.decoder.context_length, len(ids)
+    ctx = ctx if context is None else min(ctx, context)
+    if n >= ctx:
+        raise RequestError(400, f"the prompt is {n} tokens; the context holds {ctx}",
+                           "messages" if req.messages is not None else "prompt", "context_length_exceeded")
+    if req.max_tokens is not None and n + req.max_tokens > ctx:
+        raise RequestError(400, f"the prompt is {n} tokens and max_tokens {req.max_tokens}; the context holds "
+                                f"{ctx}", "max_tokens", "context_length_exceeded")
+    default = ctx - n if until_context else min(engine.default_max_tokens, ctx - n)
+    o = {"max_new_tokens": req.max_tokens if req.max_tokens is not None else default}
+    for name in ("temperature", "top_p", "top_k", "seed"):
+        if getattr(req, name) is not None:
+            o[name] = getattr(req, name)
+    o.update(generation_overrides(engine.decoder, req.extras))  # penalties, bias, grammar, logprobs
+    if req.latency_budget_ms is not None and _policy(engine.gen_kwargs) is None:
+        raise RequestError(400, "a latency budget needs adaptive K (the server runs a fixed K)",
+                           "edgespec.latency_budget_ms")
+    echo = ""
+    if req.extras is not None and req.extras.echo:
+        echo = req.prompt if req.prompt is not None else engine.decoder.tokenizer.decode(list(ids))
+    return Job(list(ids), o, req.stop, req.latency_budget_ms, loop,
+               logprobs=req.extras is not None and req.extras.logprobs is not None, echo=echo)
+
+
+
+def _policy(gen_kwargs: dict):
+    """The server's K policy if it honours a latency budget (adaptive K), else None (fixed K, plain decoding)."""
+    p = gen_kwargs.get("policy")  # the keyword of SpecDecoder.generate that takes the K policy
+    return p if p is not None and p.honours_budget else None
