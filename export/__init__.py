@@ -1,6 +1,17 @@
 """edgespec's exporter (imported as ``edgespec.export``; its dependencies come with the ``edgespec[export]`` extra).
 
-Needs torch, transformers, optimum and onnx; the runtime in :mod:`edgespec` never imports it.
+Layers, each importing only the ones below it:
+
+- :mod:`.pipeline` — ``edgespec export``: sources → pair check → per-model graph (cached) → export directory;
+- :mod:`.validate` — the graph against the numpy reference of its weights (:mod:`.reference`), or PyTorch;
+- :mod:`.families` — one file per model family: how its tensors make a decoder (graph format 3);
+- :mod:`.gqa_graph`, :mod:`.kv_int8`, :mod:`.prefill_graph`, :mod:`.quantize` — graph formats and rewrites;
+- :mod:`.weights` and :mod:`.tokenizer` — GGUF files and safetensors directories, read one tensor at a time;
+  :mod:`.sources` resolves what the user named (a file, a directory, a hub id, a recipe).
+
+GGUF files and safetensors directories need onnx, onnxruntime, numpy, gguf, safetensors and tokenizers; hub ids and
+graph formats 2 (:mod:`.traced_graph`) and 4 need torch and transformers (the ``torch`` extra). The runtime in
+:mod:`edgespec` never imports the exporter.
 """
 
 from .pipeline import ExportOptions, export_pair

@@ -1,8 +1,9 @@
-"""Load a resolved source into transformers: config and tokenizer first (cheap), weights later (heavy).
+"""Read a resolved source: config and tokenizer first (cheap), weights later, one tensor at a time.
 
-GGUF tokenizers are repaired here: transformers' GGUF conversion registers only a few added tokens, so the
-control and user-defined tokens of the GGUF vocabulary (``<|fim_prefix|>``, ``<tool_call>``, …) would be split
-into pieces. Every such token is re-registered at its GGUF id.
+GGUF files and Hugging Face directories are read without torch or transformers: the config from the GGUF header
+or ``config.json`` (:class:`export.families.config.ModelConfig`), the tokenizer with the ``tokenizers`` library
+(:mod:`export.tokenizer`), the weights as a :class:`export.weights.TensorSource`. Hub ids, and the traced and
+grouped graph formats, go through transformers and torch (the ``torch`` extra): :func:`load_weights`.
 """
 
 from __future__ import annotations
@@ -11,14 +12,18 @@ import hashlib
 import json
 import warnings
 from dataclasses import dataclass
+from functools import lru_cache
 
 from edgespec.errors import EdgespecError
 
+from .families import ARCHITECTURES as WRITTEN_ARCHITECTURES
+from .families.config import ModelConfig
 from .onnx_graph import SUPPORTED_ARCHITECTURES
 from .sources import Source
 
 GGUF_CONTROL, GGUF_USER_DEFINED = 3, 4
 STOP_TOKEN_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|end|>")
+TORCH_EXTRA = "pip install 'edgespec[torch]'"
 
 
 @dataclass
@@ -26,14 +31,15 @@ class ModelInfo:
     """What the pair check needs, read without loading weights."""
 
     source: Source
-    config: object
-    tokenizer: object  # transformers PreTrainedTokenizerFast
+    config: ModelConfig
+    tokenizer: object  # .encode(text, add_special_tokens=False) -> ids; .backend_tokenizer (tokenizers)
     tokenizer_sha256: str
     chat_template: str | None
     eos: int
     bos: int | None
     pad: int | None
     stop: tuple[int, ...]
+    hf_config: object | None = None  # the transformers config, for the torch path only (hf_config_of)
 
     @property
     def logits_width(self) -> int:
@@ -105,14 +111,85 @@ def tokenizer_sha256(tok) -> str:
     return hashlib.sha256(json.dumps([vocab, merges], ensure_ascii=False).encode()).hexdigest()
 
 
+@lru_cache(maxsize=4)
+def gguf_source(path: str):
+    """The :class:`export.weights.gguf.GGUFSource` of a GGUF file, opened once per process (its reader parses
+    the whole header: seconds for a 150,000-token vocabulary)."""
+    from .weights.gguf import GGUFSource
+
+    return GGUFSource(path)
+
+
+def weights(info: ModelInfo):
+    """The :class:`export.weights.TensorSource` of a GGUF file or a Hugging Face directory."""
+    if info.source.kind == "gguf":
+        return gguf_source(str(info.source.path))
+    from .weights.safetensors import SafetensorsSource
+
+    return SafetensorsSource(info.source.path)
+
+
 def describe(source: Source, role: str) -> ModelInfo:
-    """Config, tokenizer and special tokens of a source, without its weights.
+    """Config, tokenizer and special tokens of a source, without its weights: GGUF files and Hugging Face
+    directories without transformers (module docstring), hub ids through transformers.
 
     Raises:
         EdgespecError: unreachable hub id, unreadable files, not a causal LM, or an unsupported architecture.
     """
-    from transformers import AutoConfig, AutoTokenizer
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    if source.kind == "hub":
+        return _describe_transformers(source, role)
+    from . import tokenizer as tk
+
+    try:
+        if source.kind == "gguf":
+            src = gguf_source(str(source.path))
+            config, tok = src.config, tk.from_gguf(src.reader, source.path)
+        else:
+            from .weights.safetensors import read_config
+
+            config, tok = ModelConfig.from_hf(read_config(source.path)), tk.from_hf_dir(source.path)
+    except EdgespecError as e:
+        raise EdgespecError(f"{role}: {e}") from None
+    if config.architecture not in WRITTEN_ARCHITECTURES:
+        raise EdgespecError(f"{role} {source.ref}: unsupported architecture {config.architecture!r} "
+                            f"(supported: {', '.join(WRITTEN_ARCHITECTURES)})")
+    return ModelInfo(source=source, config=config, tokenizer=tok.tokenizer,
+                     tokenizer_sha256=tokenizer_sha256(tok.tokenizer), chat_template=tok.chat_template, eos=tok.eos,
+                     bos=tok.bos, pad=tok.pad, stop=tok.stop)
+
+
+def hf_config_of(info: ModelInfo):
+    """The transformers config of ``info`` (the torch path: graph formats 2 and 4, hub ids).
+
+    Raises:
+        EdgespecError: transformers is not installed, or cannot read the source's config.
+    """
+    if info.hf_config is not None:
+        return info.hf_config
+    try:
+        from transformers import AutoConfig
+    except ImportError:
+        raise EdgespecError(f"{info.source.ref}: this export goes through transformers and torch "
+                            f"({TORCH_EXTRA})") from None
+    name, kw = _pretrained_args(info.source)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            info.hf_config = AutoConfig.from_pretrained(name, **kw)
+    except Exception as e:  # transformers raises OSError/ValueError/KeyError for bad sources
+        raise EdgespecError(f"{info.source.ref}: cannot read model config ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    return info.hf_config
+
+
+def _describe_transformers(source: Source, role: str) -> ModelInfo:
+    """:func:`describe` through transformers (hub ids)."""
+    try:
+        from transformers import AutoConfig, AutoTokenizer
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:
+        raise EdgespecError(f"{role} {source.ref}: a hub id is exported through transformers and torch "
+                            f"({TORCH_EXTRA}), or download the model and give its directory") from None
 
     name, kw = _pretrained_args(source)
     try:
@@ -157,9 +234,9 @@ def describe(source: Source, role: str) -> ModelInfo:
         raise EdgespecError(f"{role} {source.ref}: the tokenizer defines no end-of-sequence token")
     stop = {eos, *(g for g in gen_eos if g is not None)}
     stop |= {vocab[t] for t in STOP_TOKEN_TEXTS if t in vocab}
-    return ModelInfo(source=source, config=config, tokenizer=tok, tokenizer_sha256=tokenizer_sha256(tok),
-                     chat_template=getattr(tok, "chat_template", None), eos=int(eos),
-                     bos=bos, pad=pad, stop=tuple(sorted(int(s) for s in stop)))
+    return ModelInfo(source=source, config=ModelConfig.from_hf(config.to_dict()), tokenizer=tok,
+                     tokenizer_sha256=tokenizer_sha256(tok), chat_template=getattr(tok, "chat_template", None),
+                     eos=int(eos), bos=bos, pad=pad, stop=tuple(sorted(int(s) for s in stop)), hf_config=config)
 
 
 def check_pair(target: ModelInfo, draft: ModelInfo) -> None:
@@ -190,8 +267,12 @@ def load_weights(info: ModelInfo, role: str):
     Raises:
         EdgespecError: the weights cannot be loaded (truncated file, missing shards).
     """
-    import torch
-    from transformers import AutoModelForCausalLM
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        raise EdgespecError(f"{role} {info.source.ref}: this export goes through transformers and torch "
+                            f"({TORCH_EXTRA})") from None
 
     name, kw = _pretrained_args(info.source)
     try:

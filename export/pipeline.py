@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
+import onnx
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -38,7 +39,7 @@ from edgespec.io.integrity import check_file, sha256_file
 from edgespec.io.manifest import (MANIFEST_NAME, FileEntry, GraphSpec, Manifest, Quantization, SpecialTokens,
                                graph_spec)
 
-from .load import ModelInfo, check_pair, describe, load_weights
+from .load import ModelInfo, check_pair, describe, load_weights, weights
 from .quantize import PRECISIONS, quantize
 from .sources import Source, resolve_model, resolve_recipe_model
 
@@ -50,7 +51,9 @@ from .sources import Source, resolve_model, resolve_recipe_model
 GRAPH_FORMATS = (2, 3, 4)  # 4: format 3 with grouped attention over per-KV-head buffers (export/grouped_graph.py)
 KV_INT8_REVISION = 2  # export/kv_int8.py's rewrite, in the graph cache key of --kv-int8 graphs (2: the prefill
 # graph keeps a float32 cache, and kv_scales.npz)
-GRAPH_REVISIONS = {3: 2}  # format 3, revision 2: the token embedding quantized (GatherBlockQuantized)
+GRAPH_REVISIONS = {3: 3}  # format 3, revision 2: the token embedding quantized (GatherBlockQuantized); 3: written
+# from the source weights one tensor at a time (export/families), int8 as 8-bit MatMulNBits, validated against the
+# numpy reference
 EMBEDDING_BITS = {"int4": 8, "int8": 8}  # format 3 from revision 2: embedding table bits per graph precision
 DEFAULT_GRAPH_FORMAT = 3  # where the model allows it (gqa_graph.format3_problem); format 2 stays loadable
 QUANT_POSITIONS = 256
@@ -176,12 +179,38 @@ def _cached_meta(entry: Path) -> dict | None:
     return meta
 
 
+def format_problem(info: ModelInfo, graph_format: int) -> str | None:
+    """Why ``info``'s model cannot be written as a graph of ``graph_format`` (a phrase), or None.
+
+    Format 3 is written by the model's family (:mod:`.families`) from GGUF files and safetensors directories,
+    and by the torch builder (:mod:`.gqa_graph`, Qwen2 and Llama) from hub ids; format 4 by the torch builder;
+    format 2 is traced (:mod:`.traced_graph`)."""
+    from .families import family_for
+    from .gqa_graph import FORMAT3_ARCHITECTURES
+    from .onnx_graph import SUPPORTED_ARCHITECTURES
+
+    cfg = info.config
+    if graph_format == 2:
+        return None if cfg.architecture in SUPPORTED_ARCHITECTURES else \
+            f"graph format 2 supports {', '.join(SUPPORTED_ARCHITECTURES)}, not {cfg.architecture}"
+    if graph_format == 4 or info.source.kind == "hub":  # the torch builder (export/gqa_graph.py)
+        what = "graph format 4" if graph_format == 4 else "graph format 3 from a hub id"
+        if cfg.architecture not in FORMAT3_ARCHITECTURES:
+            return f"{what} supports {', '.join(FORMAT3_ARCHITECTURES)}, not {cfg.architecture}"
+        if cfg.layer_types is not None or cfg.hidden_act != "silu" or cfg.partial_rotary_factor != 1.0:
+            return f"{what} has no sliding-window layers, partial rotary embedding or MLP other than SiLU"
+        if graph_format == 4:
+            return None  # plain ops: any head size
+    try:
+        return family_for(cfg.architecture).problem(cfg)
+    except EdgespecError as e:
+        return str(e)
+
+
 def _default_format(infos) -> tuple[int, str | None]:
     """(:data:`DEFAULT_GRAPH_FORMAT`, None) when every model of ``infos`` can be written as a format-3 graph, else
     (2, why)."""
-    from .gqa_graph import format3_problem
-
-    why = next(filter(None, (format3_problem(i.config) for i in infos)), None)
+    why = next(filter(None, (format_problem(i, DEFAULT_GRAPH_FORMAT) for i in infos)), None)
     return (2, why) if why else (DEFAULT_GRAPH_FORMAT, None)
 
 
@@ -191,14 +220,12 @@ def _resolve_graph_format(t_opts: ExportOptions, d_opts: ExportOptions, t_info: 
     can be written as format 3, else 2 for both (one notice line); an explicit format is kept.
 
     Raises:
-        EdgespecError: format 3 asked for a model it cannot express (before any graph is built).
+        EdgespecError: a format asked for a model it cannot express (before any graph is built).
     """
-    from .gqa_graph import format3_problem
-
     for role, o, info in (("target", t_opts, t_info), ("draft", d_opts, d_info)):
-        why = format3_problem(info.config, o.graph_format) if o.graph_format in (3, 4) else None
+        why = format_problem(info, o.graph_format) if o.graph_format is not None else None
         if why:  # before any graph is built
-            raise EdgespecError(f"{role}: {why} (export with --graph-format 2)")
+            raise EdgespecError(f"{role}: {why}" + (" (export with --graph-format 2)" if o.graph_format != 2 else ""))
     if t_opts.graph_format is not None and d_opts.graph_format is not None:
         return t_opts, d_opts
     fmt, why = _default_format((t_info, d_info))
@@ -251,7 +278,7 @@ def _kv_int8(info: ModelInfo, plain: Path, out_dir: Path, ids: np.ndarray, layer
     from .kv_int8 import calibrate, calibration_ids, rewrite
     from .validate import validate_float32_prefill, validate_kv_cache
 
-    context = int(getattr(info.config, "max_position_embeddings", 4096))
+    context = _context(plain, info)
     calib = calibration_ids(info.tokenizer, ids, info.logits_width, n=max(0, min(768, context - len(ids) - 16)))
     scales = calibrate(plain, calib, layers, kv, hd)
     rewrite(plain, scales, out_dir / "model.onnx")
@@ -292,9 +319,120 @@ def _derive_kv_int8(info: ModelInfo, role: str, base: Path, base_meta: dict, fin
     return final, meta
 
 
+def _context(graph: Path, info: ModelInfo) -> int:
+    """The positions a graph serves: its rotary table's rows where it records them, else the model's."""
+    from edgespec.io.onnx_model import ROTARY_POSITIONS
+
+    meta = {p.key: p.value for p in onnx.load(str(graph), load_external_data=False).metadata_props}
+    return int(meta.get(ROTARY_POSITIONS, info.config.max_position_embeddings))
+
+
 def _build(info: ModelInfo, opts: ExportOptions, role: str, final: Path) -> tuple[Path, dict]:
+    """Build a graph: streamed from the source weights (:func:`_build_streamed`) where its family writes it,
+    else through transformers and torch (:func:`_build_torch`)."""
+    if opts.graph_format == 3 and info.source.kind != "hub":
+        return _build_streamed(info, opts, role, final)
+    return _build_torch(info, opts, role, final)
+
+
+def _build_streamed(info: ModelInfo, opts: ExportOptions, role: str, final: Path) -> tuple[Path, dict]:
+    """The format-3 graph of a GGUF file or safetensors directory, written one tensor at a time
+    (:mod:`.families`), then validated against the numpy reference of the same weights."""
+    from .families import family_for
+    from .families.base import Layout, build
+    from .gqa_graph import GraphBuilder
+    from .validate import (AGREEMENT_FLOOR, FP32_TOLERANCE, _agreement, graph_logits, reference_logits,
+                           validate_reference, validation_ids)
+
+    tmp = final.with_name(final.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        with tqdm(total=3, desc=f"{role}: write", unit="step", bar_format="{desc} [{n_fmt}/{total_fmt}] {elapsed}") as bar:
+            t0 = time.perf_counter()
+            src = weights(info)
+            cfg = src.config
+            layers, kv, hd = cfg.kv_shape
+            kept, val = None, {}
+            if opts.vocab_size is not None and opts.vocab_size < info.logits_width:
+                from .prune import kept_token_ids
+
+                kept, how = kept_token_ids(info.tokenizer, info.logits_width, opts.vocab_size)
+                np.save(tmp / "kept_token_ids.npy", kept)
+                val["pruned_vocab"] = {"size": int(len(kept)), "source": how}
+            layout = Layout(precision=opts.precision, block_size=opts.block_size, accuracy_level=opts.accuracy_level,
+                            lm_head_bits=opts.lm_head_bits, embedding_bits=EMBEDDING_BITS.get(opts.precision))
+            out = tmp / "model.onnx"
+            g = GraphBuilder(tmp / "model.onnx.data")
+            try:
+                proto = build(family_for(cfg.architecture)(src, layout, g), kept=kept)
+            finally:
+                g.close()
+            onnx.save_model(proto, str(out))
+            ins, outs = [i.name for i in proto.graph.input], [o.name for o in proto.graph.output]
+            del proto
+            gc.collect()
+            bar.set_description(f"{role}: validate against the source"); bar.update()
+            ids = validation_ids(info.tokenizer, QUANT_POSITIONS, info.logits_width)
+            ref = reference_logits(src, ids)
+            val["reference"] = rv = validate_reference(ref, out, ids, layers, kv, hd, kept)
+            if opts.precision == "fp32" and kept is None and rv["max_abs_logit_error"] > FP32_TOLERANCE:
+                raise EdgespecError(f"{role}: the fp32 graph differs from the numpy reference of its weights by "
+                                    f"{rv['max_abs_logit_error']:.2e} (> {FP32_TOLERANCE:g}); not writing a broken "
+                                    "export")
+            if opts.precision != "fp32" and rv["greedy_agreement"] < AGREEMENT_FLOOR:
+                _log(f"warning: {role}: the {opts.precision} graph agrees with its source weights on only "
+                     f"{rv['greedy_agreement']:.1%} of greedy tokens (below {AGREEMENT_FLOOR:.0%}): its answers may "
+                     "differ noticeably from the model's (a finer --block-size, or --lm-head-bits 8, may help)")
+            bar.update()
+            if opts.prefill_int8:
+                from .prefill_graph import PREFILL_NAME, write_prefill_graph
+
+                bar.set_description(f"{role}: int8 prefill graph")
+                write_prefill_graph(tmp)
+                pre = graph_logits(tmp / PREFILL_NAME, ids, layers, kv, hd)
+                val["prefill_int8"] = {"vs_fp32": _agreement(ref if kept is None else ref[:, kept], pre),
+                                       "vs_graph": _agreement(graph_logits(out, ids, layers, kv, hd), pre)}
+            del ref
+            if opts.kv_int8:
+                bar.set_description(f"{role}: int8 KV cache")
+                plain = tmp / "float32-kv.onnx"  # the same graph with a float32 cache, reading the same data file
+                shutil.copy2(out, plain)
+                val["kv_int8"] = _kv_int8(info, plain, tmp, ids, layers, kv, hd,
+                                          tmp / PREFILL_NAME if opts.prefill_int8 else None)
+                plain.unlink()
+            bar.update()
+        meta = _commit(tmp, final, asdict(_spec(info, opts, ins, outs, val, kept, _context(out, info))), t0)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _print_validation(role, meta)
+    return final, meta
+
+
+def _spec(info: ModelInfo, opts: ExportOptions, ins, outs, val: dict, kept, context: int) -> GraphSpec:
+    """The graph's manifest entry (paths relative to the graph's directory; the export prefixes its role)."""
+    layers, kv, hd = info.config.kv_shape
+    embedding_bits = EMBEDDING_BITS.get(opts.precision) if opts.graph_format >= 3 else None
+    return GraphSpec(
+        path="model.onnx", architecture=info.config.architecture, num_layers=layers, num_kv_heads=kv,
+        head_dim=hd, vocab_size=int(len(kept)) if kept is not None else info.logits_width,
+        context_length=context,
+        quantization=Quantization(opts.precision, opts.block_size if opts.precision == "int4" else None,
+                                  opts.accuracy_level if opts.precision == "int4" else None,
+                                  opts.lm_head_bits or {"int4": 4, "int8": 8}.get(opts.precision, 32),
+                                  embedding_bits or 32),
+        source=info.source.ref, source_sha256=info.source.sha256, input_names=tuple(ins),
+        output_names=tuple(outs), validation=val,
+        kept_token_ids="kept_token_ids.npy" if kept is not None else None, graph_format=opts.graph_format,
+        prefill_path="prefill.onnx" if opts.prefill_int8 else None, kv_cache="int8" if opts.kv_int8 else "float32",
+        **(_float32_prefill() if opts.kv_int8 and opts.prefill_int8 else {}))
+
+
+def _build_torch(info: ModelInfo, opts: ExportOptions, role: str, final: Path) -> tuple[Path, dict]:
+    """A graph through transformers and torch: hub ids, and graph formats 2 (traced) and 4."""
     from .gqa_graph import export_format3
-    from .onnx_graph import export_onnx, kv_shape
+    from .onnx_graph import kv_shape
+    from .traced_graph import export_onnx
     from .validate import FP32_TOLERANCE, validate_fp32, validate_quantized, validation_ids
 
     tmp = final.with_name(final.name + f".tmp{os.getpid()}")
@@ -359,19 +497,7 @@ def _build(info: ModelInfo, opts: ExportOptions, role: str, final: Path) -> tupl
                 f.unlink()
                 f.with_name(f.name + ".data").unlink()
             bar.update()
-        spec = GraphSpec(  # paths relative to the graph's directory; the export prefixes its role
-            path="model.onnx", architecture=info.config.model_type, num_layers=layers, num_kv_heads=kv,
-            head_dim=hd, vocab_size=int(len(kept)) if kept is not None else info.logits_width,
-            context_length=int(getattr(info.config, "max_position_embeddings", 4096)),
-            quantization=Quantization(opts.precision, opts.block_size if opts.precision == "int4" else None,
-                                      opts.accuracy_level if opts.precision == "int4" else None,
-                                      opts.lm_head_bits or {"int4": 4, "int8": 8}.get(opts.precision, 32),
-                                      embedding_bits or 32),
-            source=info.source.ref, source_sha256=info.source.sha256, input_names=tuple(ins),
-            output_names=tuple(outs), validation=val,
-            kept_token_ids="kept_token_ids.npy" if kept is not None else None, graph_format=opts.graph_format,
-            prefill_path="prefill.onnx" if opts.prefill_int8 else None, kv_cache="int8" if opts.kv_int8 else "float32",
-            **(_float32_prefill() if opts.kv_int8 and opts.prefill_int8 else {}))
+        spec = _spec(info, opts, ins, outs, val, kept, int(info.config.max_position_embeddings))
         meta = _commit(tmp, final, asdict(spec), t0)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -397,25 +523,34 @@ def _commit(tmp: Path, final: Path, meta: dict, t0: float) -> dict:
 
 
 def _print_validation(role: str, meta: dict) -> None:
-    v = meta["validation"]
-    f = v["fp32"]
-    line = (f"{role}: fp32 vs PyTorch max|Δ| prefill {f['max_abs_prefill']:.1e}, with past "
-            f"{f['max_abs_with_past']:.1e}; past vs full {f['max_abs_past_vs_full']:.1e}")
+    v, precision = meta["validation"], meta["quantization"]["precision"]
+    parts = []
+    if "reference" in v:
+        r = v["reference"]
+        parts.append(f"{precision} graph vs the numpy reference of its weights: greedy agreement "
+                     f"{r['greedy_agreement']:.3f} over {r['positions']} positions, max|Δ logit| "
+                     f"{r['max_abs_logit_error']:.2g}" + (f", KL {r['kl_mean']:.4f}" if "kl_mean" in r else "")
+                     + f"; past vs full {r['max_abs_past_vs_full']:.1e}")
+    if "fp32" in v:
+        f = v["fp32"]
+        parts.append(f"fp32 vs PyTorch max|Δ| prefill {f['max_abs_prefill']:.1e}, with past "
+                     f"{f['max_abs_with_past']:.1e}; past vs full {f['max_abs_past_vs_full']:.1e}")
     if "quantized" in v:
         q = v["quantized"]
-        line += (f"; {meta['quantization']['precision']} greedy agreement {q['greedy_agreement']:.3f} over "
-                 f"{q['positions']} positions, max|Δ logit| {q['max_abs_logit_error']:.2f}")
+        parts.append(f"{precision} greedy agreement {q['greedy_agreement']:.3f} over {q['positions']} positions, "
+                     f"max|Δ logit| {q['max_abs_logit_error']:.2f}")
     if "prefill_int8" in v:
         p = v["prefill_int8"]
-        line += (f"; int8 prefill graph greedy agreement {p['vs_fp32']['greedy_agreement']:.3f} with fp32, "
-                 f"{p['vs_graph']['greedy_agreement']:.3f} with the {meta['quantization']['precision']} graph")
+        parts.append(f"int8 prefill graph greedy agreement {p['vs_fp32']['greedy_agreement']:.3f} with fp32, "
+                     f"{p['vs_graph']['greedy_agreement']:.3f} with the {precision} graph")
     if "kv_int8" in v:
         k = v["kv_int8"]
-        line += (f"; int8 KV cache greedy agreement {k['greedy_agreement']:.3f} with the float32 cache, "
-                 f"max|Δ logit| {k['max_abs_logit_error']:.2f}")
+        line = (f"int8 KV cache greedy agreement {k['greedy_agreement']:.3f} with the float32 cache, "
+                f"max|Δ logit| {k['max_abs_logit_error']:.2f}")
         if "with_prefill_graph" in k:
             line += f" ({k['with_prefill_graph']['greedy_agreement']:.3f} after a prefill on the prefill graph)"
-    _log(line)
+        parts.append(line)
+    _log(f"{role}: " + "; ".join(parts))
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

@@ -51,19 +51,7 @@ def quantize_embedding(model: onnx.ModelProto, bits: int, block_size: int, rows_
         axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
         if table.data_type != TensorProto.FLOAT or len(table.dims) != 2 or axis != 0 or table.dims[1] % block_size:
             continue
-        w = numpy_helper.to_array(table)
-        v, h = w.shape
-        zero, qmax = 1 << (bits - 1), (1 << (bits - 1)) - 1
-        data = np.empty((v, h // (8 // bits)), np.uint8)
-        scales = np.empty((v, h // block_size), np.float32)
-        for r in range(0, v, rows_per_chunk):  # chunks: a few fp32 temporaries of the chunk, not of the table
-            blocks = w[r:r + rows_per_chunk].reshape(-1, h // block_size, block_size)
-            s = np.abs(blocks).max(-1) / qmax
-            s[s == 0] = 1.0
-            q = (np.clip(np.rint(blocks / s[..., None]), -qmax, qmax) + zero).astype(np.uint8).reshape(-1, h)
-            data[r:r + rows_per_chunk] = (q[:, 0::2] | (q[:, 1::2] << 4)) if bits == 4 else q
-            scales[r:r + rows_per_chunk] = s
-        del w
+        data, scales = quantize_rows(numpy_helper.to_array(table), bits, block_size, rows_per_chunk)
         name = node.input[0]
         model.graph.initializer.remove(table)
         model.graph.initializer.extend([numpy_helper.from_array(data, f"{name}_Q{bits}"),
@@ -77,6 +65,25 @@ def quantize_embedding(model: onnx.ModelProto, bits: int, block_size: int, rows_
             model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
         return new.name
     return None
+
+
+def quantize_rows(w: np.ndarray, bits: int, block_size: int, rows_per_chunk: int = 8192) -> tuple[np.ndarray,
+                                                                                                    np.ndarray]:
+    """Symmetric block quantization of a table ``w`` float32 (V, H) along H, as ``GatherBlockQuantized`` reads it
+    (:func:`quantize_embedding`): (data uint8 (V, H / 2) for 4 bits or (V, H) for 8, scales float32
+    (V, H / block_size)). Works through ``rows_per_chunk`` rows at a time, so its temporaries stay small."""
+    v, h = w.shape
+    zero, qmax = 1 << (bits - 1), (1 << (bits - 1)) - 1
+    data = np.empty((v, h // (8 // bits)), np.uint8)
+    scales = np.empty((v, h // block_size), np.float32)
+    for r in range(0, v, rows_per_chunk):  # chunks: a few fp32 temporaries of the chunk, not of the table
+        blocks = w[r:r + rows_per_chunk].reshape(-1, h // block_size, block_size)
+        s = np.abs(blocks).max(-1) / qmax
+        s[s == 0] = 1.0
+        q = (np.clip(np.rint(blocks / s[..., None]), -qmax, qmax) + zero).astype(np.uint8).reshape(-1, h)
+        data[r:r + rows_per_chunk] = (q[:, 0::2] | (q[:, 1::2] << 4)) if bits == 4 else q
+        scales[r:r + rows_per_chunk] = s
+    return data, scales
 
 
 def save_with_data(model: onnx.ModelProto, path: Path) -> None:

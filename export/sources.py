@@ -70,6 +70,48 @@ def _is_gguf(path: Path) -> bool:
         return f.read(4) == b"GGUF"
 
 
+def check_gguf_architecture(path: Path) -> None:
+    """Refuse a GGUF file whose ``general.architecture`` edgespec does not write, reading the header's first
+    key/value pairs only (llama.cpp writes ``general.architecture`` first).
+
+    Raises:
+        EdgespecError: a truncated header, or an unsupported architecture.
+    """
+    from .weights.gguf import ARCHITECTURES
+
+    arch = _gguf_header_value(path, "general.architecture")
+    if arch is not None and arch not in ARCHITECTURES:
+        raise EdgespecError(f"{path}: unsupported architecture {arch!r} (supported: {', '.join(ARCHITECTURES)})")
+
+
+def _gguf_header_value(path: Path, key: str, max_pairs: int = 64) -> str | None:
+    """The string value of ``key`` among a GGUF file's first ``max_pairs`` key/value pairs, or None (GGUF v2/v3:
+    magic, version u32, tensor count u64, pair count u64, then pairs of a u64-length key, a u32 type, a value)."""
+    import struct
+
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # fixed-size GGUF value types
+    try:
+        with open(path, "rb") as f:
+            magic, version, _, n_kv = struct.unpack("<4sIQQ", f.read(24))
+            if magic != b"GGUF" or version < 2:
+                return None
+            read_str = lambda: f.read(struct.unpack("<Q", f.read(8))[0])  # noqa: E731
+            for _ in range(min(n_kv, max_pairs)):
+                name = read_str().decode("utf-8", "replace")
+                kind = struct.unpack("<I", f.read(4))[0]
+                if kind == 8:  # string
+                    value = read_str()
+                    if name == key:
+                        return value.decode("utf-8", "replace")
+                elif kind in sizes:
+                    f.seek(sizes[kind], 1)
+                else:  # an array (9) before the key: stop looking
+                    return None
+    except (OSError, struct.error) as e:
+        raise EdgespecError(f"{path}: truncated or unreadable GGUF header ({e})") from None
+    return None
+
+
 _HUB_ID = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*/[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")  # owner/name
 
 
@@ -84,6 +126,7 @@ def resolve_model(src: str) -> Source:
     if p.is_file():
         if not _is_gguf(p):
             raise EdgespecError(f"{src}: not a GGUF file (expected the 'GGUF' magic) nor a model directory")
+        check_gguf_architecture(p)  # from the header, before the minutes a large file's hash takes
         return Source("gguf", str(p), p.resolve(), sha256_file(p, desc=f"hashing {p.name}"))
     if p.is_dir():
         if not (p / "config.json").is_file():

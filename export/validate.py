@@ -1,6 +1,11 @@
-"""Export validation: ONNX vs PyTorch, with-past vs full recompute, quantized vs fp32 greedy agreement.
+"""Export validation: figures returned as plain dicts and stored in the manifest (``GraphSpec.validation``).
 
-Figures are returned as plain dicts and stored in the manifest (``GraphSpec.validation``).
+- Streamed graphs (GGUF files, safetensors directories; no torch): the graph against an independent numpy
+  forward of the same source weights (:func:`validate_reference`: greedy agreement, max |Δ logit|, KL), and its
+  own with-past vs full recompute. An int4 export whose greedy agreement with the source falls below
+  :data:`AGREEMENT_FLOOR` is reported with a warning; an fp32 graph that differs from the reference by more
+  than :data:`FP32_TOLERANCE` is refused.
+- Traced and torch-built graphs: ONNX vs PyTorch (:func:`validate_fp32`), quantized vs fp32 greedy agreement.
 """
 
 from __future__ import annotations
@@ -80,7 +85,8 @@ def validate_fp32(model, onnx_path: Path, ids: np.ndarray, split: int = 8, step:
     """
     import torch
 
-    from .onnx_graph import ContractWrapper, causal_mask, kv_shape
+    from .onnx_graph import kv_shape
+    from .traced_graph import ContractWrapper, causal_mask
 
     layers, kv, hd = kv_shape(model.config)
     wrapper = ContractWrapper(model).eval()
@@ -161,3 +167,48 @@ def validate_float32_prefill(plain_path: Path, q_path: Path, prefill_path: Path,
         lm.forward(ids[:half], cache, keep=1, prefill=True)
         rows.append(np.concatenate([lm.forward(ids[i:i + chunk], cache) for i in range(half, len(ids), chunk)]))
     return _agreement(*rows)
+
+
+AGREEMENT_FLOOR = 0.90  # int4 greedy agreement with the source below this: the export warns (module docstring)
+REFERENCE = "numpy forward of the source weights, fp32 (export/reference.py)"
+
+
+def reference_logits(source, ids: np.ndarray) -> np.ndarray:
+    """float32 (N, V): :func:`export.reference.forward` of ``source`` over ``ids`` int64 (N,)."""
+    from .reference import forward
+
+    return forward(source, ids)
+
+
+def validate_reference(ref: np.ndarray, graph: Path, ids: np.ndarray, layers: int, kv: int, head_dim: int,
+                       kept: np.ndarray | None = None, split: int = 8, step: int = 4) -> dict:
+    """The streamed graph against the numpy reference ``ref`` float32 (N, V) of the same weights over ``ids``:
+    greedy agreement, max |Δ logit|, mean KL(p_reference ‖ p_graph) in nats (full heads only), and the graph's
+    own consistency: ``split`` tokens then ``step`` more with the KV cache against all at once
+    (``max_abs_past_vs_full``). With a pruned head (``kept`` int64 (K,)), the graph's argmax is mapped back
+    to full ids and the logit error is taken over the kept columns."""
+    sess = session(graph)
+    got, _ = run_onnx(sess, ids, [], layers, kv, head_dim)
+    out = {"against": REFERENCE, **_agreement(ref if kept is None else ref[:, kept], got)}
+    if kept is not None:
+        out["greedy_agreement"] = float((ref.argmax(-1) == kept[got.argmax(-1)]).mean())
+        out["target_top1_in_kept"] = float(np.isin(ref.argmax(-1), kept).mean())
+    else:
+        lp = ref - _logsumexp(ref)
+        lq = got - _logsumexp(got)
+        out["kl_mean"] = float((np.exp(lp) * (lp - lq)).sum(-1).mean())
+    _, present = run_onnx(sess, ids[:split], [], layers, kv, head_dim)
+    o_step, _ = run_onnx(sess, ids[split:split + step], present, layers, kv, head_dim)
+    o_full, _ = run_onnx(sess, ids[:split + step], [], layers, kv, head_dim)
+    out["max_abs_past_vs_full"] = float(np.abs(o_step - o_full[split:]).max())
+    return out
+
+
+def _logsumexp(x: np.ndarray) -> np.ndarray:
+    m = x.max(-1, keepdims=True)
+    return m + np.log(np.exp(x - m).sum(-1, keepdims=True))
+
+
+def graph_logits(graph: Path, ids: np.ndarray, layers: int, kv: int, head_dim: int) -> np.ndarray:
+    """float32 (N, V): one causal forward of ``ids`` through ``graph``."""
+    return run_onnx(session(graph), ids, [], layers, kv, head_dim)[0]

@@ -38,8 +38,8 @@ def test_manifest_of_the_default_pair(real_export):
     assert m.draft.source_sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
     for g in (m.target, m.draft):
         v = g.validation
-        assert max(v["fp32"][k] for k in ("max_abs_prefill", "max_abs_with_past", "max_abs_past_vs_full")) <= 1e-3
-        assert v["quantized"]["greedy_agreement"] >= 0.9
+        r = v["reference"]  # the int4 graph against the numpy forward of the GGUF's own weights
+        assert r["positions"] == 256 and r["greedy_agreement"] >= 0.9 and 0 <= r["kl_mean"] < 0.1
 
 
 def test_gguf_tokenizer_keeps_control_and_user_defined_tokens(real):

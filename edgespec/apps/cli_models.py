@@ -126,6 +126,12 @@ def cmd_info(a) -> int:
               + (f" (prefill graph {g.prefill_cache_type})" if g.prefill_path and g.prefill_cache_type != g.kv_cache
                  else ""))
         print(f"  source: {g.source}  sha256 {g.source_sha256[:16]}…")
+        r = g.validation.get("reference")
+        if r:
+            print(f"  {q.precision} vs {r.get('against', 'the source weights')}: greedy agreement "
+                  f"{r['greedy_agreement']:.3f} over {r['positions']} positions, max|Δ logit| "
+                  f"{r['max_abs_logit_error']:.2g}" + (f", KL {r['kl_mean']:.4f} nats" if "kl_mean" in r else "")
+                  + f"; with past vs full recompute {r['max_abs_past_vs_full']:.1e}")
         v = g.validation.get("fp32", {})
         if v:
             print(f"  fp32 vs PyTorch max|Δ|: prefill {v['max_abs_prefill']:.1e}, with past "

@@ -101,4 +101,5 @@ class ModelConfig:
                 if cfg.get("original_max_position_embeddings") else None,
             )
         except (KeyError, TypeError, ValueError) as e:
-            raise EdgespecError(f"config.json: missing or bad model setting ({type(e).__name__}: {e})") from None
+            raise EdgespecError(f"cannot read model config: config.json has a missing or bad setting "
+                                f"({type(e).__name__}: {e})") from None

@@ -1,0 +1,173 @@
+"""A model's tokenizer, chat template and special tokens, read without transformers.
+
+- A Hugging Face directory: ``tokenizer.json`` (the ``tokenizers`` library reads it as it is), the chat template
+  from ``tokenizer_config.json`` or ``chat_template.jinja``, special tokens from ``tokenizer_config.json`` and
+  ``generation_config.json``.
+- A GGUF file: its ``tokenizer.ggml.*`` keys become a ``tokenizers`` byte-level BPE — vocabulary and merges as
+  stored, the pre-tokenizer that ``tokenizer.ggml.pre`` names (:data:`PRE_TOKENIZERS`), control tokens added as
+  special and user-defined ones as plain added tokens at their GGUF ids (``<|fim_prefix|>`` is one token) — and
+  ``tokenizer.chat_template`` and the bos/eos/padding ids are read from the header.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgespec.errors import EdgespecError
+
+GGUF_CONTROL, GGUF_USER_DEFINED = 3, 4
+STOP_TOKEN_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|end|>", "<end_of_turn>")
+# tokenizer.ggml.pre → the split regex before byte-level BPE (llama.cpp's llama-vocab.cpp names), and whether
+# the text is NFC-normalized first (Qwen2's tokenizer.json does)
+_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+          r"|\s+(?!\S)|\s+")
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_TOKENIZERS = {"qwen2": (_QWEN2, True), "llama-bpe": (_LLAMA3, False), "llama3": (_LLAMA3, False),
+                  "smaug-bpe": (_LLAMA3, False), "gpt-2": (None, False), "default": (None, False)}
+
+
+class Tokenizer:
+    """A ``tokenizers.Tokenizer`` with the two calls the exporter makes: :meth:`encode` (ids, no special tokens
+    added) and ``backend_tokenizer`` (the ``tokenizers`` object, saved as the export's ``tokenizer.json``)."""
+
+    def __init__(self, backend):
+        self.backend_tokenizer = backend
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+
+@dataclass
+class TokenizerInfo:
+    """A model's tokenizer and the ids the pair check and the manifest need."""
+
+    tokenizer: Tokenizer
+    chat_template: str | None
+    eos: int
+    bos: int | None
+    pad: int | None
+    stop: tuple[int, ...]
+
+
+def _stop(tok: Tokenizer, eos: int, extra: list[int]) -> tuple[int, ...]:
+    vocab = tok.backend_tokenizer.get_vocab(with_added_tokens=True)
+    return tuple(sorted({int(eos), *map(int, extra), *(vocab[t] for t in STOP_TOKEN_TEXTS if t in vocab)}))
+
+
+def from_gguf(reader, path: Path) -> TokenizerInfo:
+    """The tokenizer of an open ``gguf.GGUFReader`` (module docstring).
+
+    Raises:
+        EdgespecError: no tokenizer in the file, a tokenizer model other than byte-level BPE (``gpt2``), or an
+            unknown pre-tokenizer.
+    """
+    from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers import Tokenizer as Backend
+
+    def field(key, default=None):
+        f = reader.fields.get(key)
+        return default if f is None else f.contents()
+
+    model = field("tokenizer.ggml.model")
+    if model is None:
+        raise EdgespecError(f"{path}: the GGUF file has no tokenizer (tokenizer.ggml.model)")
+    if model != "gpt2":
+        raise EdgespecError(f"{path}: GGUF tokenizer model {model!r} is not supported (byte-level BPE 'gpt2' is); "
+                            "export from the model's Hugging Face directory instead")
+    pre = field("tokenizer.ggml.pre", "default")
+    if pre not in PRE_TOKENIZERS:
+        raise EdgespecError(f"{path}: GGUF pre-tokenizer {pre!r} is not supported (supported: "
+                            f"{', '.join(PRE_TOKENIZERS)})")
+    tokens = field("tokenizer.ggml.tokens")
+    types = field("tokenizer.ggml.token_type")
+    if types is None:  # optional in GGUF: the header's special ids and <|…|> tokens are the control tokens
+        ids = {field(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "bos", "padding", "eot")}
+        types = [GGUF_CONTROL if i in ids or (t.startswith("<|") and t.endswith("|>")) else 1
+                 for i, t in enumerate(tokens)]
+    merges = [tuple(m.split(" ", 1)) for m in field("tokenizer.ggml.merges", [])]
+    backend = Backend(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, dropout=None,
+                                 unk_token=None, continuing_subword_prefix="", end_of_word_suffix="",
+                                 fuse_unk=False, byte_fallback=False))
+    regex, nfc = PRE_TOKENIZERS[pre]
+    if nfc:
+        backend.normalizer = normalizers.NFC()
+    if regex is None:
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    backend.decoder = decoders.ByteLevel()
+    backend.post_processor = processors.ByteLevel(trim_offsets=False)
+    special = [AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types)
+               if t == GGUF_CONTROL]
+    plain = [AddedToken(tokens[i], special=False, normalized=False) for i, t in enumerate(types)
+             if t == GGUF_USER_DEFINED]
+    backend.add_special_tokens(special)
+    backend.add_tokens(plain)
+    tok = Tokenizer(backend)
+    eos = field("tokenizer.ggml.eos_token_id")
+    if eos is None:
+        raise EdgespecError(f"{path}: the GGUF tokenizer defines no end-of-sequence token")
+    bos, pad = field("tokenizer.ggml.bos_token_id"), field("tokenizer.ggml.padding_token_id")
+    eot = field("tokenizer.ggml.eot_token_id")
+    return TokenizerInfo(tok, field("tokenizer.chat_template"), int(eos), None if bos is None else int(bos),
+                         None if pad is None else int(pad), _stop(tok, int(eos), [eot] if eot is not None else []))
+
+
+def _json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError) as e:
+        raise EdgespecError(f"{path}: cannot read it ({e})") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _token_text(v) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
+    if isinstance(v, dict):
+        v = v.get("content")
+    return v if isinstance(v, str) else None
+
+
+def from_hf_dir(path: Path) -> TokenizerInfo:
+    """The tokenizer of a Hugging Face directory (module docstring).
+
+    Raises:
+        EdgespecError: no ``tokenizer.json`` (a slow-only tokenizer), an unreadable one, or no end-of-sequence token.
+    """
+    from tokenizers import Tokenizer as Backend
+
+    path = Path(path)
+    if not (path / "tokenizer.json").is_file():
+        raise EdgespecError(f"{path}: no tokenizer.json (edgespec needs a fast, tokenizers-format tokenizer)")
+    try:
+        tok = Tokenizer(Backend.from_file(str(path / "tokenizer.json")))
+    except Exception as e:  # tokenizers raises a plain Exception for a malformed file
+        raise EdgespecError(f"{path}/tokenizer.json: cannot load it ({e})") from None
+    cfg = _json(path / "tokenizer_config.json")
+    template = cfg.get("chat_template")
+    if isinstance(template, list):  # named templates: the default one
+        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
+                        None)
+    if template is None and (path / "chat_template.jinja").is_file():
+        template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+    if template is None:
+        template = _json(path / "chat_template.json").get("chat_template")
+    vocab = tok.backend_tokenizer.get_vocab(with_added_tokens=True)
+    ids = {k: vocab.get(_token_text(cfg.get(f"{k}_token"))) for k in ("eos", "bos", "pad")}
+    gen = _json(path / "generation_config.json")
+    gen_eos = gen.get("eos_token_id")
+    gen_eos = [gen_eos] if isinstance(gen_eos, int) else [i for i in gen_eos or [] if isinstance(i, int)]
+    model_cfg = _json(path / "config.json")
+    eos = ids["eos"] if ids["eos"] is not None else next(iter(gen_eos), model_cfg.get("eos_token_id"))
+    if isinstance(eos, list):
+        eos = eos[0] if eos else None
+    if eos is None:
+        raise EdgespecError(f"{path}: the tokenizer defines no end-of-sequence token")
+    bos = ids["bos"] if ids["bos"] is not None else gen.get("bos_token_id")
+    return TokenizerInfo(tok, template if isinstance(template, str) else None, int(eos),
+                         bos if isinstance(bos, int) else None, ids["pad"], _stop(tok, int(eos), gen_eos))

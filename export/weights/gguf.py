@@ -1,0 +1,212 @@
+"""A GGUF file as a :class:`export.weights.TensorSource`: memory-mapped, one tensor dequantized at a time.
+
+The ``gguf`` package's reader maps the file; :func:`gguf.quants.dequantize` turns one tensor's blocks into
+float32 when it is asked for, so a tensor costs its own fp32 size and nothing else stays in memory. What llama.cpp's
+``convert_hf_to_gguf.py`` changed on the way in is undone here, so that callers see Hugging Face's tensors:
+
+- names: ``blk.{i}.attn_q.weight`` → ``model.layers.{i}.self_attn.q_proj.weight`` (:data:`TENSOR_NAMES`);
+- Llama's q/k rows: permuted for llama.cpp's interleaved rotary (``LlamaModel.permute``), put back;
+- Gemma's RMSNorm weights: stored as 1 + w (``norm_shift``), given back as w;
+- the header's ``{arch}.*`` keys become a :class:`ModelConfig` with Hugging Face's meanings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+
+from ..families.config import ModelConfig
+
+# GGUF architecture → Hugging Face model_type, for the families edgespec writes
+ARCHITECTURES = {"qwen2": "qwen2", "qwen3": "qwen3", "llama": "llama", "gemma3": "gemma3_text", "phi3": "phi3"}
+
+# per-layer GGUF tensor stem → Hugging Face name under model.layers.{i}.; Gemma 3 and Phi-3 differ below
+_LAYER = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+          "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_qkv": "self_attn.qkv_proj",
+          "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+          "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+          "ffn_down": "mlp.down_proj"}
+_LAYER_BY_ARCH = {
+    "gemma3": {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm"},
+    "phi3": {"ffn_up": "mlp.gate_up_proj"},  # gate and up fused, as in Hugging Face's Phi-3
+}
+_GLOBAL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# tensors with no Hugging Face counterpart: kept under their GGUF names (rotary factors of llama3 / longrope)
+EXTRA_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
+
+
+def hf_name(gguf_name: str, arch: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor of architecture ``arch``, or None if it has none."""
+    if gguf_name in EXTRA_TENSORS:
+        return gguf_name
+    stem, _, kind = gguf_name.rpartition(".")
+    if stem in _GLOBAL:
+        return f"{_GLOBAL[stem]}.{kind}"
+    parts = stem.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit():
+        table = {**_LAYER, **_LAYER_BY_ARCH.get(arch, {})}
+        if parts[2] in table:
+            return f"model.layers.{parts[1]}.{table[parts[2]]}.{kind}"
+    return None
+
+
+def _field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    v = f.contents()
+    return v
+
+
+def header_architecture(path: Path) -> str:
+    """``general.architecture`` of a GGUF file, read from its header alone (no tensor is touched).
+
+    Raises:
+        EdgespecError: the file is not a readable GGUF.
+    """
+    from gguf import GGUFReader
+
+    try:
+        return str(_field(GGUFReader(str(path)), "general.architecture", "?"))
+    except (ValueError, OSError, IndexError, KeyError) as e:
+        raise EdgespecError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+
+
+class GGUFSource:
+    """The tensors and config of a GGUF file of a supported architecture (module docstring).
+
+    Raises (on construction):
+        EdgespecError: unreadable file, an architecture edgespec does not write, or a header missing a key.
+    """
+
+    def __init__(self, path: str | Path):
+        from gguf import GGUFReader
+
+        self.path = Path(path)
+        try:
+            self.reader = GGUFReader(str(self.path))
+        except (ValueError, OSError, IndexError, KeyError) as e:
+            raise EdgespecError(f"{self.path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+        self.arch = str(_field(self.reader, "general.architecture", "?"))
+        if self.arch not in ARCHITECTURES:
+            raise EdgespecError(f"{self.path}: unsupported architecture {self.arch!r} (supported: "
+                                f"{', '.join(ARCHITECTURES)})")
+        self._tensors = {}
+        for t in self.reader.tensors:
+            name = hf_name(t.name, self.arch)
+            if name is not None:
+                self._tensors[name] = t
+        self.config = self._config()
+
+    def _config(self) -> ModelConfig:
+        a, r = self.arch, self.reader
+        get = lambda key, default=None: _field(r, f"{a}.{key}", default)  # noqa: E731
+        try:
+            heads = int(get("attention.head_count"))
+            hidden = int(get("embedding_length"))
+            head_dim = int(get("attention.key_length", hidden // heads))
+            embed = self._tensors["model.embed_tokens.weight"]
+            vocab = int((self._tensors.get("lm_head.weight") or embed).shape[-1])
+            layers = int(get("block_count"))
+            cfg = dict(
+                architecture=ARCHITECTURES[a], num_layers=layers, hidden_size=hidden,
+                intermediate_size=int(get("feed_forward_length")), num_heads=heads,
+                num_kv_heads=int(get("attention.head_count_kv", heads)), head_dim=head_dim, vocab_size=vocab,
+                rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+                rope_theta=float(get("rope.freq_base", 10000.0)),
+                max_position_embeddings=int(get("context_length", 4096)),
+                tie_word_embeddings="lm_head.weight" not in self._tensors,
+                attention_bias="model.layers.0.self_attn.q_proj.bias" in self._tensors,
+            )
+        except (TypeError, ValueError, KeyError) as e:
+            raise EdgespecError(f"{self.path}: the GGUF header lacks a model setting ({type(e).__name__}: "
+                                f"{e})") from None
+        scaling = get("rope.scaling.type")
+        if scaling == "linear":
+            cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(get("rope.scaling.factor", 1.0))}
+        elif scaling not in (None, "none"):
+            raise EdgespecError(f"{self.path}: rope scaling {scaling!r} in a GGUF is not supported")
+        if a == "gemma3":
+            # llama.cpp's Gemma 3: every 6th layer global, the others slide with a 10,000 rotary base
+            window = get("attention.sliding_window")
+            cfg.update(hidden_act="gelu_pytorch_tanh", rope_local_theta=10000.0, query_pre_attn_scalar=float(head_dim),
+                       sliding_window=int(window) if window else None,
+                       layer_types=tuple("full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                                         for i in range(layers)) if window else None)
+        if a == "phi3":
+            rot = get("rope.dimension_count")
+            if rot:
+                cfg["partial_rotary_factor"] = int(rot) / head_dim
+            if "rope_factors_long.weight" in self._tensors:
+                orig = get("rope.scaling.original_context_length", cfg["max_position_embeddings"])
+                cfg["original_max_position_embeddings"] = int(orig)
+                cfg["rope_scaling"] = {"rope_type": "longrope",
+                                       "long_factor": self.get("rope_factors_long.weight").tolist(),
+                                       "short_factor": self.get("rope_factors_short.weight").tolist()}
+        if a == "llama" and "rope_freqs.weight" in self._tensors:  # llama3 scaling, as per-frequency factors
+            cfg["rope_scaling"] = {"rope_type": "freq_factors", "factors": self.get("rope_freqs.weight").tolist()}
+        return ModelConfig(**cfg)
+
+    def names(self) -> list[str]:
+        return list(self._tensors)
+
+    def _release(self, t) -> None:
+        """Let the kernel drop the file pages of tensor ``t`` once it is read (they would count in the resident
+        set until the whole file is unmapped): ``madvise(MADV_DONTNEED)`` on its byte range, where supported."""
+        import mmap
+
+        m = getattr(self.reader.data, "_mmap", None)
+        if m is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start, length = _page_range(int(t.data_offset), int(t.n_bytes))
+        try:
+            m.madvise(mmap.MADV_DONTNEED, start, min(length, len(m) - start))
+        except (OSError, ValueError):
+            pass
+
+    def get(self, name: str) -> np.ndarray:
+        """One tensor as float32 in Hugging Face's layout and meaning (module docstring).
+
+        Raises:
+            KeyError: no such tensor.
+            EdgespecError: a quantization type the ``gguf`` package cannot dequantize.
+        """
+        from gguf import GGMLQuantizationType, quants
+
+        t = self._tensors[name]
+        shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims innermost first
+        if t.tensor_type == GGMLQuantizationType.F32:
+            w = np.array(t.data, dtype=np.float32)
+        elif t.tensor_type in (GGMLQuantizationType.F16,):
+            w = np.asarray(t.data).astype(np.float32)
+        else:
+            try:
+                w = quants.dequantize(t.data, t.tensor_type)
+            except (NotImplementedError, ValueError, KeyError) as e:
+                raise EdgespecError(f"{self.path}: tensor {t.name} of type {t.tensor_type.name} cannot be "
+                                    f"dequantized ({e})") from None
+        w = np.ascontiguousarray(w, dtype=np.float32).reshape(shape)
+        self._release(t)
+        if self.arch == "llama" and name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                                    "self_attn.q_proj.bias", "self_attn.k_proj.bias")):
+            heads = self.config.num_heads if ".q_proj." in name else self.config.num_kv_heads
+            w = unpermute(w, heads)
+        if self.arch == "gemma3" and name.endswith("norm.weight"):
+            w -= 1.0
+        return w
+
+
+def _page_range(offset: int, length: int, page: int = 4096) -> tuple[int, int]:
+    start = offset - offset % page
+    return start, offset + length - start
+
+
+def unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (``convert_hf_to_gguf.LlamaModel.permute``) of ``w`` float32
+    (heads * head_dim, ...): within each head, rows (0, 2, 4, …, 1, 3, …) ← (0, 1, 2, …)."""
+    shape = w.shape
+    return np.ascontiguousarray(w.reshape(heads, shape[0] // heads // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape))

@@ -1,0 +1,87 @@
+"""A Hugging Face directory as a :class:`export.weights.TensorSource`: ``config.json`` and ``*.safetensors``
+shards read lazily with ``safetensors``' ``safe_open``, one tensor at a time (bf16 and fp16 widened to float32)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+
+from ..families.config import ModelConfig
+
+
+def read_config(path: Path) -> dict:
+    """``config.json`` of a Hugging Face directory as a dict.
+
+    Raises:
+        EdgespecError: missing, unreadable or not a JSON object.
+    """
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise EdgespecError(f"{path}/config.json: cannot read it ({e})") from None
+    if not isinstance(cfg, dict):
+        raise EdgespecError(f"{path}/config.json: not a JSON object")
+    return cfg
+
+
+class SafetensorsSource:
+    """The tensors and config of a Hugging Face directory (module docstring); prefix ``language_model.`` (a
+    multimodal Gemma 3 checkpoint) is dropped from names.
+
+    Raises (on construction):
+        EdgespecError: no ``*.safetensors`` file (a PyTorch ``.bin`` checkpoint needs the torch path), an
+            unreadable shard, or a bad config.
+    """
+
+    def __init__(self, path: str | Path):
+        from safetensors import safe_open
+
+        self.path = Path(path)
+        self.config = ModelConfig.from_hf(read_config(self.path))
+        shards = sorted(self.path.glob("*.safetensors"))
+        if not shards:
+            raise EdgespecError(f"{self.path}: no *.safetensors weights (PyTorch .bin checkpoints are exported "
+                                "through transformers: pip install 'edgespec[torch]')")
+        self._where: dict[str, tuple[Path, str]] = {}
+        for shard in shards:
+            try:
+                with safe_open(str(shard), framework="numpy") as f:
+                    for key in f.keys():
+                        name = key.replace("model.language_model.", "model.").replace("language_model.", "")
+                        self._where[name] = (shard, key)
+            except Exception as e:  # safetensors raises its own SafetensorError for a bad header
+                raise EdgespecError(f"{shard}: not a readable safetensors file ({e})") from None
+
+    def names(self) -> list[str]:
+        return list(self._where)
+
+    def get(self, name: str) -> np.ndarray:
+        from safetensors import safe_open
+
+        shard, key = self._where[name]
+        with safe_open(str(shard), framework="numpy") as f:
+            try:
+                return np.asarray(f.get_tensor(key), dtype=np.float32)
+            except TypeError:  # bfloat16: numpy has no such dtype; read the raw bits
+                pass
+        return _bf16(shard, key)
+
+
+def _bf16(shard: Path, key: str) -> np.ndarray:
+    """A bfloat16 tensor widened to float32 from the file's bytes (numpy has no bfloat16)."""
+    import struct
+
+    with open(shard, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        info = header[key]
+        start, end = info["data_offsets"]
+        if info["dtype"] != "BF16":
+            raise EdgespecError(f"{shard}: tensor {key} has dtype {info['dtype']}, which numpy cannot read")
+        f.seek(8 + n + start)
+        raw = np.frombuffer(f.read(end - start), dtype=np.uint16)
+    return (raw.astype(np.uint32) << 16).view(np.float32).reshape(info["shape"])
