@@ -103,6 +103,10 @@ def test_refuses_unsupported_in_one_line():
         with pytest.raises(EdgespecError) as e:
             forward(DictSource(cfg, {}), np.zeros(2, dtype=np.int64))
         assert words in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(EdgespecError, match="final_logit_softcapping"):
+        ModelConfig.from_hf({"model_type": "gemma3_text", "num_attention_heads": 4, "hidden_size": 64,
+                             "num_hidden_layers": 1, "intermediate_size": 128, "vocab_size": 8,
+                             "final_logit_softcapping": 30.0})
 
 
 # ---------------------------------------------------------------------------------------------------- GGUF

@@ -59,10 +59,14 @@ class ModelConfig:
         """From a Hugging Face ``config.json`` dict (a multimodal Gemma 3 config's ``text_config`` is read).
 
         Raises:
-            EdgespecError: a key the model needs is missing or has the wrong type.
+            EdgespecError: a key the model needs is missing or has the wrong type, or a setting ModelConfig
+                cannot carry is on (logit softcapping, bidirectional attention).
         """
         if cfg.get("model_type") == "gemma3" and isinstance(cfg.get("text_config"), dict):
             cfg = {"model_type": "gemma3_text", **cfg["text_config"]}
+        for key in ("attn_logit_softcapping", "final_logit_softcapping", "use_bidirectional_attention"):
+            if cfg.get(key):
+                raise EdgespecError(f"config.json: {key} = {cfg[key]} is not supported")
         try:
             arch = str(cfg["model_type"])
             heads = int(cfg["num_attention_heads"])
