@@ -135,15 +135,16 @@ class GQAWriter:
         self.bias = g.node("Where", ["attention_mask", "const/zero_f", "const/min_f"], "mask/bias")[0]
 
     def layer(self, g: GraphBuilder, i: int, qkv: str, k: str = "", v: str = "", rotary: str = "rotary",
-              **attrs) -> str:
+              bias: str | None = None, **attrs) -> str:
         """The attention output float32 (B, T, heads * head_dim) of layer ``i`` from its packed ``qkv`` (or,
-        with ``k`` and ``v``, from separate q, k and v), rotated with the tables ``{rotary}/cos|sin``; ``attrs``
-        are further GroupQueryAttention attributes (``scale``, ``local_window_size``)."""
+        with ``k`` and ``v``, from separate q, k and v), rotated with the tables ``{rotary}/cos|sin``, masked by
+        ``bias`` (default: the graph's, from ``attention_mask``); ``attrs`` are further GroupQueryAttention
+        attributes (``scale``)."""
         past_k, past_v = f"past_key_values.{i}.key", f"past_key_values.{i}.value"
         attn, pk, pv = g.node(
             "GroupQueryAttention",
             [qkv, k, v, past_k, past_v, self.seqlens_k, self.total, f"{rotary}/cos", f"{rotary}/sin", "position_ids",
-             self.bias],
+             bias or self.bias],
             f"layers.{i}/GroupQueryAttention", n_out=3, domain="com.microsoft",
             num_heads=self.heads, kv_num_heads=self.kv, do_rotary=1, rotary_interleaved=0, **attrs)
         g.nodes.append(helper.make_node("Identity", [pk], [f"present.{i}.key"], name=f"layers.{i}/present_k"))

@@ -137,10 +137,18 @@ class Family:
             return f"onnxruntime's GroupQueryAttention needs a head size that is a multiple of 16, not {cfg.head_dim}"
         if cfg.hidden_act not in ("silu",):
             return f"{cfg.architecture} with the {cfg.hidden_act} MLP is not supported"
-        if cfg.layer_types is not None:
-            return f"{cfg.architecture} with sliding-window layers is not supported"
         if cfg.partial_rotary_factor != 1.0:
             return f"{cfg.architecture} with a partial rotary embedding is not supported"
+        return None
+
+    @staticmethod
+    def rotary_problem(cfg: ModelConfig) -> str | None:
+        """Why GroupQueryAttention cannot rotate this model's heads (its rotary table's width must be a multiple
+        of 8, at most head_dim / 2), or None."""
+        half = int(cfg.head_dim * cfg.partial_rotary_factor) // 2
+        if half % 8 or half > cfg.head_dim // 2:
+            return (f"onnxruntime's GroupQueryAttention cannot rotate {2 * half} of {cfg.head_dim} head values "
+                    "(it needs a multiple of 16)")
         return None
 
     @staticmethod
@@ -180,8 +188,39 @@ class Family:
         return attn.layer(self.g, i, qkv, **self.attention_attrs(i))
 
     def attention_attrs(self, i: int) -> dict:
-        """Extra GroupQueryAttention inputs/attributes of layer ``i`` (``rotary`` table prefix, ``scale``, …)."""
-        return {}
+        """Extra GroupQueryAttention inputs/attributes of layer ``i`` (``rotary`` table prefix, ``bias``,
+        ``scale``): a sliding layer's window mask (:meth:`window_bias`)."""
+        types = self.cfg.layer_types
+        return {"bias": self.window_bias()} if types is not None and types[i] == "sliding_attention" else {}
+
+    def window_bias(self) -> str:
+        """The sliding layers' additive mask float32 (B, 1, T, P+T): the graph's mask, and a query at position q
+        sees a key at position k only if q - k < window (transformers' sliding window). Written once, by
+        positions rather than GroupQueryAttention's ``local_window_size``, which counts buffer rows: a tree's rows
+        sit at buffer rows past their positions. Keys of the cache are at their row (the runtime keeps the
+        committed cache in position order); the new rows are at ``position_ids``."""
+        g = self.g
+        if "window/bias" not in {o for n in g.nodes for o in n.output}:
+            i64 = lambda name, v: g.init(name, np.array(v, np.int64))  # noqa: E731
+            total = g.node("Shape", ["attention_mask"], "window/total", start=3, end=4)[0]
+            new = g.node("Shape", ["position_ids"], "window/new", start=1, end=2)[0]
+            past = g.node("Sub", [total, new], "window/past")[0]
+            rows = g.node("Range", [i64("window/zero", 0), g.node("Squeeze", [past], "window/past_scalar")[0],
+                                    i64("window/one", 1)], "window/rows")[0]  # (P,)
+            batch = g.node("Shape", ["position_ids"], "window/batch", start=0, end=1)[0]
+            past_pos = g.node("Expand", [g.node("Unsqueeze", [rows, i64("window/axis0", [0])], "window/row")[0],
+                                         g.node("Concat", [batch, past], "window/past_shape", axis=0)[0]],
+                              "window/past_pos")[0]  # (B, P)
+            keys = g.node("Concat", [past_pos, "position_ids"], "window/keys", axis=1)[0]  # (B, P+T)
+            q = g.node("Unsqueeze", ["position_ids", i64("window/axis2", [2])], "window/q")[0]  # (B, T, 1)
+            k = g.node("Unsqueeze", [keys, i64("window/axis1", [1])], "window/k")[0]  # (B, 1, P+T)
+            near = g.node("Less", [g.node("Sub", [q, k], "window/dist")[0], i64("window/size", self.cfg.sliding_window)],
+                          "window/near")[0]  # (B, T, P+T)
+            near = g.node("Unsqueeze", [near, i64("window/axis1b", [1])], "window/near4")[0]
+            seen = g.node("And", ["attention_mask", near], "window/seen")[0]
+            g.nodes.append(helper.make_node("Where", [seen, "const/zero_f", "const/min_f"], ["window/bias"],
+                                            name="window/bias"))
+        return "window/bias"
 
     def rotary(self, ctx: int) -> None:
         """Write the rotary tables ``rotary/cos|sin`` (more for families with several)."""

@@ -82,6 +82,9 @@ class ModelConfig:
             elif layer_types is None and cfg.get("use_sliding_window") and cfg.get("sliding_window"):
                 first = int(cfg.get("max_window_layers", layers))  # Qwen2's: layers from this one slide
                 layer_types = ["full_attention" if i < first else "sliding_attention" for i in range(layers)]
+            elif (layer_types is None and arch in ("mistral", "phi3") and cfg.get("sliding_window")
+                  and int(cfg["sliding_window"]) < int(cfg.get("max_position_embeddings", 4096))):
+                layer_types = ["sliding_attention"] * layers  # transformers windows every layer of these
             if layer_types is not None and all(t == "full_attention" for t in layer_types):
                 layer_types = None
             act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"

@@ -39,11 +39,9 @@ class Gemma3(Qwen3):
             self.g.init("rotary_local/sin", sin)
 
     def attention_attrs(self, i):
-        attrs = {"scale": attention_scale(self.cfg)}
-        types = self.cfg.layer_types
-        if types is not None and types[i] == "sliding_attention":
-            # a query sees itself and the window - 1 positions before it (transformers' sliding window)
-            attrs.update(rotary="rotary_local", local_window_size=self.cfg.sliding_window - 1)
+        attrs = {**Family.attention_attrs(self, i), "scale": attention_scale(self.cfg)}
+        if "bias" in attrs:  # a sliding layer: its own rotary base
+            attrs["rotary"] = "rotary_local"
         return attrs
 
     def layer(self, i, residual, pending, attn):

@@ -1,6 +1,7 @@
 """Phi-3 / Phi-4-mini: q, k and v in one ``qkv_proj`` and gate and up in one ``gate_up_proj`` (already packed as
 the graph wants them), a partial rotary embedding (Phi-4-mini: 3/4 of each head; GroupQueryAttention rotates the
-first 2 × its table's width values) and LongRoPE (its short factors, over the original context)."""
+first 2 × its table's width values), LongRoPE (its short factors, over the original context) and, where the config
+sets one, a sliding window over every layer (Phi-3-mini-4k: 2,047)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,7 @@ class Phi3(Family):
             return f"onnxruntime's GroupQueryAttention needs a head size that is a multiple of 16, not {cfg.head_dim}"
         if cfg.hidden_act != "silu":
             return f"Phi-3 with the {cfg.hidden_act} MLP is not supported"
-        if cfg.layer_types is not None:
-            return "Phi-3 with sliding-window layers is not supported"
-        return None
+        return cls.rotary_problem(cfg)
 
     def qkv(self, i):
         a = self.p(i) + "self_attn."

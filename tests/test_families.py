@@ -1,0 +1,190 @@
+"""Every family the exporter writes, from a Hugging Face safetensors directory and from a GGUF file, through the
+streaming exporter (no torch on its path): the fp32 graph equals transformers' forward, with and without a KV
+cache, after a rollback and under a tree mask; int4 graphs agree with their source; the exporter's main path
+imports no torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tinyfamilies import FAMILIES, build_hf, write_gguf
+
+ROOT = Path(__file__).resolve().parent.parent
+TOL = 1e-4  # relative to the logits' scale
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    # Phi-4-mini-like: 3/4 of a 64-value head rotated (GroupQueryAttention's rotary table: a multiple of 8 wide)
+    wide = {"phi3-longrope": {"hidden": 256}}
+    return {f: build_hf(root / f, f, seed=3, **wide.get(f, {})) for f in FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def torch_logits(family_dirs):
+    """transformers' fp32 logits (T, V) of each family over one prompt (longer than Gemma's window)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = {}
+    for f, d in family_dirs.items():
+        m = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+        ids = _ids(m.config.vocab_size)
+        with torch.no_grad():
+            out[f] = m(torch.from_numpy(ids)[None]).logits[0].numpy()
+    return out
+
+
+def _ids(vocab: int, n: int = 24) -> np.ndarray:
+    return np.random.default_rng(7).integers(3, min(vocab, 400), n).astype(np.int64)
+
+
+def _graph(src, tmp: Path, precision: str = "fp32", block: int = 16):
+    """Write ``src``'s format-3 graph with the family writers; return an OnnxLM over it."""
+    import onnx
+
+    from edgespec.export.families import family_for
+    from edgespec.export.families.base import Layout, build
+    from edgespec.export.gqa_graph import GraphBuilder
+    from edgespec.export.validate import _lm, session
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    g = GraphBuilder(tmp / "model.onnx.data")
+    layout = Layout(precision=precision, block_size=block, embedding_bits=None if precision == "fp32" else 8)
+    try:
+        proto = build(family_for(src.config.architecture)(src, layout, g))
+    finally:
+        g.close()
+    onnx.save_model(proto, str(tmp / "model.onnx"))
+    layers, kv, hd = src.config.kv_shape
+    return _lm(session(tmp / "model.onnx"), layers, kv, hd, 256)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fp32_graph_equals_transformers_with_and_without_past(family, family_dirs, torch_logits, tmp_path):
+    from edgespec.export.weights.safetensors import SafetensorsSource
+
+    ref = torch_logits[family]
+    scale = np.abs(ref).max()
+    lm = _graph(SafetensorsSource(family_dirs[family]), tmp_path)
+    ids = _ids(lm.spec.vocab_size if lm.spec.vocab_size > 1 else 512)[: len(ref)]
+    full = lm.forward(ids, lm.new_cache())
+    assert np.abs(full - ref).max() <= TOL * scale, family
+    cache = lm.new_cache(capacity=8)  # grows while it runs
+    steps = np.concatenate([lm.forward(ids[:10], cache), lm.forward(ids[10:13], cache)])
+    cache.crop(11)  # a verify of 3 rows of which one is accepted: rollback
+    steps = np.concatenate([steps[:11], lm.forward(ids[11:], cache)])
+    assert np.abs(steps - ref).max() <= TOL * scale, family
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gguf_source_gives_the_same_graph(family, family_dirs, torch_logits, tmp_path):
+    """The GGUF written as llama.cpp's converter writes it (permuted Llama q/k, Gemma's 1 + w norms, fused Phi-3
+    tensors, rope factors) reads back to the same model."""
+    from edgespec.export.weights.gguf import GGUFSource
+
+    gguf = write_gguf(family_dirs[family], tmp_path / f"{family}.gguf")
+    ref = torch_logits[family]
+    lm = _graph(GGUFSource(gguf), tmp_path / "g")
+    got = lm.forward(_ids(512)[: len(ref)], lm.new_cache())
+    assert np.abs(got - ref).max() <= TOL * np.abs(ref).max(), family
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3", "phi3-longrope"])
+def test_tree_verify_equals_each_branch_alone(family, family_dirs, tmp_path):
+    """A tree of two branches verified in one call (a tree mask) gives each branch's logits as a chain would."""
+    from edgespec.export.weights.safetensors import SafetensorsSource
+
+    lm = _graph(SafetensorsSource(family_dirs[family]), tmp_path)
+    ids = _ids(512, 12)
+    a, b = [int(ids[8]), int(ids[9])], [int(ids[10]), int(ids[11])]
+    chains = []
+    for branch in (a, b):
+        c = lm.new_cache()
+        lm.forward(ids[:8], c)
+        chains.append(lm.forward(np.array(branch), c))
+    c = lm.new_cache()
+    lm.forward(ids[:8], c)
+    mask = np.ones((1, 1, 4, 12), dtype=bool)  # the prefix, then a0 → a1 and b0 → b1 side by side
+    mask[0, 0, :, 8:] = [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]
+    tree = lm.forward(np.array(a + b), c, position_ids=np.array([8, 9, 8, 9]), mask=mask)
+    np.testing.assert_allclose(tree[:2], chains[0], atol=1e-4 * np.abs(chains[0]).max())
+    np.testing.assert_allclose(tree[2:], chains[1], atol=1e-4 * np.abs(chains[1]).max())
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3", "phi3"])
+def test_int4_export_of_each_family_agrees_with_its_source(family, family_dirs, home, tmp_path):
+    from edgespec.export import ExportOptions, export_pair
+    from edgespec.io.manifest import load_manifest
+
+    d = str(family_dirs[family])
+    out = export_pair(d, d, tmp_path / "pair", ExportOptions("int4", block_size=16),
+                      ExportOptions("int4", block_size=16))
+    m = load_manifest(out)
+    assert m.target.graph_format == 3 and m.target.architecture == json.loads(
+        (family_dirs[family] / "config.json").read_text())["model_type"]
+    r = m.target.validation["reference"]
+    assert r["positions"] == 256 and 0.5 <= r["greedy_agreement"] <= 1 and 0 <= r["kl_mean"] < 0.5
+
+
+def test_the_exporters_main_path_imports_no_torch(family_dirs, tmp_path):
+    """A whole export from a safetensors directory with torch and transformers made unimportable."""
+    code = f"""
+import sys
+for name in ("torch", "transformers", "optimum", "accelerate"):
+    sys.modules[name] = None  # any import of them raises ImportError
+from edgespec.export import ExportOptions, export_pair
+d = {str(family_dirs["qwen3"])!r}
+export_pair(d, d, {str(tmp_path / "pair")!r}, ExportOptions("int4", block_size=16), ExportOptions("int4", block_size=16))
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                       env={**__import__("os").environ, "EDGESPEC_HOME": str(tmp_path / "home")})
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]
+
+
+def test_unsupported_architecture_is_refused_from_the_gguf_header_before_hashing(tmp_path, monkeypatch):
+    import gguf
+
+    from edgespec.errors import EdgespecError
+    from edgespec.export import sources
+
+    path = tmp_path / "mamba.gguf"
+    w = gguf.GGUFWriter(str(path), "mamba")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    monkeypatch.setattr(sources, "sha256_file", lambda *a, **k: pytest.fail("hashed before the check"))
+    with pytest.raises(EdgespecError, match="unsupported architecture 'mamba'"):
+        sources.resolve_model(str(path))
+
+
+def test_a_sliding_window_on_every_layer_as_transformers_applies_it(tmp_path):
+    """Phi-3 (and Mistral) configs with a ``sliding_window`` shorter than the context: transformers windows every
+    layer; so does the graph (by positions, also for rows past the window)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from edgespec.export.weights.safetensors import SafetensorsSource
+
+    d = build_hf(tmp_path / "phi3w", "phi3", seed=4, overrides={"sliding_window": 6})
+    src = SafetensorsSource(d)
+    assert src.config.layer_types == ("sliding_attention",) * src.config.num_layers
+    ids = _ids(512)
+    m = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        ref = m(torch.from_numpy(ids)[None]).logits[0].numpy()
+    lm = _graph(src, tmp_path / "g")
+    cache = lm.new_cache()
+    got = np.concatenate([lm.forward(ids[:16], cache), lm.forward(ids[16:], cache)])
+    assert np.abs(got - ref).max() <= TOL * np.abs(ref).max()
