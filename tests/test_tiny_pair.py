@@ -1,19 +1,19 @@
-"""bench/tiny_pair.py: builds a loadable tiny pair, refuses an existing directory."""
+"""bench/export_cost.py tiny: builds a loadable tiny pair, refuses an existing directory."""
 
 import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
-import tiny_pair  # noqa: E402
+import export_cost  # noqa: E402
 
 
 def test_tiny_pair_builds_a_loadable_export(home, tmp_path, capsys):
     from edgespec import SpecDecoder
 
     out = tmp_path / "pair"
-    assert tiny_pair.main([str(out)]) == 0
+    assert export_cost.main(["tiny", str(out)]) == 0
     dec = SpecDecoder.load(out)
     assert dec.encode("hello")
-    assert tiny_pair.main([str(out)]) == 1
+    assert export_cost.main(["tiny", str(out)]) == 1
     assert "exists" in capsys.readouterr().err

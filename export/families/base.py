@@ -29,6 +29,7 @@ from edgespec.io.onnx_model import ROTARY_POSITIONS
 from ..gqa_graph import GQAWriter, GraphBuilder
 from ..onnx_graph import LOGITS_KEEP, add_logits_keep
 from ..quantize import quantize_rows
+from ..weights import rows
 from .config import ModelConfig
 from .rotary import inv_freq
 
@@ -62,13 +63,15 @@ class Layout:
 
 def linear(g: GraphBuilder, x: str, w: np.ndarray, name: str, layout: Layout, bias: np.ndarray | None = None,
            out: str | None = None) -> str:
-    """``x @ w.T`` (+ ``bias``) for ``w`` float32 (N, K) as a Linear stores it: ``MatMulNBits`` with the block
+    """``x @ w.T`` (+ ``bias``) for ``w`` float32 (N, K) as a Linear stores it (an array, or
+    :class:`export.weights.Rows` read by chunks of output rows): ``MatMulNBits`` with the block
     values of onnxruntime's quantizer (``DefaultWeightOnlyQuantizer.qbits_block_quant``, the one
     ``MatMulNBitsQuantizer`` calls) at ``layout.bits_of(name)`` bits, or a float32 ``MatMul`` at 32 bits. The
     output is named ``out`` when given. Returns the output's name."""
     bits = layout.bits_of(name)
     if bits == 32:
-        y = g.node("MatMul", [x, g.init(f"{name}.weight", np.ascontiguousarray(w.T))], f"{name}/MatMul")[0]
+        y = g.node("MatMul", [x, g.init(f"{name}.weight", np.ascontiguousarray(np.asarray(w[:]).T))],
+                   f"{name}/MatMul")[0]
     else:
         from onnxruntime.quantization.matmul_nbits_quantizer import (DefaultWeightOnlyQuantConfig,
                                                                       DefaultWeightOnlyQuantizer)
@@ -291,7 +294,7 @@ def build(family: Family, ctx: int | None = None, kept: np.ndarray | None = None
     family.rotary(ctx)
     attn.prelude(g)
 
-    table = family.src.get("model.embed_tokens.weight")
+    table = rows(family.src, "model.embed_tokens.weight")  # read by chunks of rows where the source can
     vocab_rows = table.shape[0]
     h = embedding(g, table, layout)
     scale = family.embedding_scale()
@@ -304,7 +307,7 @@ def build(family: Family, ctx: int | None = None, kept: np.ndarray | None = None
     for i in range(layers):
         residual, pending = family.layer(i, residual, pending, attn)
     hidden, _ = add_norm(g, pending, residual, family.norm("model.norm.weight"), "final_norm", cfg.rms_norm_eps)
-    head = table if head_tied else family.src.get("lm_head.weight")
+    head = table if head_tied else rows(family.src, "lm_head.weight")
     if kept is not None:
         head = head[kept]
     linear(g, hidden, head, "lm_head", layout, out="logits")
@@ -329,12 +332,13 @@ def build(family: Family, ctx: int | None = None, kept: np.ndarray | None = None
     return proto
 
 
-def embedding(g: GraphBuilder, table: np.ndarray, layout: Layout) -> str:
-    """The token embedding of ``input_ids``: ``GatherBlockQuantized`` over ``table`` float32 (V, H) quantized
+def embedding(g: GraphBuilder, table, layout: Layout) -> str:
+    """The token embedding of ``input_ids``: ``GatherBlockQuantized`` over ``table`` float32 (V, H) (an array or
+    :class:`export.weights.Rows`) quantized
     in blocks of ``layout.block_size`` (:func:`export.quantize.quantize_rows`), or a float32 ``Gather``."""
     bits = layout.embedding_bits
     if bits is None or table.shape[1] % layout.block_size:
-        return g.node("Gather", [g.init("embed_tokens.weight", table), "input_ids"], "embed/Gather")[0]
+        return g.node("Gather", [g.init("embed_tokens.weight", np.asarray(table[:])), "input_ids"], "embed/Gather")[0]
     data, scales = quantize_rows(table, bits, layout.block_size)
     return g.node("GatherBlockQuantized", [g.init(f"embed_tokens.weight_Q{bits}", data), "input_ids",
                                            g.init("embed_tokens.weight_scales", scales)],

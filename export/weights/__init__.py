@@ -53,6 +53,30 @@ class DictSource:
         return np.asarray(t, dtype=np.float32)
 
 
+class Rows:
+    """A 2-D tensor of a source read by rows when sliced (``rows[a:b]``, ``rows[int array]``) through the source's
+    ``get_rows``, so a (V, H) table is never whole in float32: ``shape`` comes from the file's header. Sources
+    without ``get_rows`` are read whole on the first slice."""
+
+    def __init__(self, source, name: str, shape: tuple[int, int]):
+        self.source, self.name, self.shape = source, name, shape
+        self._whole = None
+
+    def __getitem__(self, index) -> np.ndarray:
+        get_rows = getattr(self.source, "get_rows", None)
+        if get_rows is not None:
+            return get_rows(self.name, index)
+        if self._whole is None:
+            self._whole = self.source.get(self.name)
+        return self._whole[index]
+
+
+def rows(source: TensorSource, name: str) -> "Rows | np.ndarray":
+    """``name`` as :class:`Rows` where the source can read rows and knows the shape, else the whole array."""
+    shape = getattr(source, "shape", lambda n: None)(name)
+    return Rows(source, name, shape) if shape is not None and hasattr(source, "get_rows") else source.get(name)
+
+
 def has(source: TensorSource, name: str, _cache: dict = {}) -> bool:  # noqa: B006 - per-source name sets
     """Whether ``source`` holds ``name`` (its name list read once per source)."""
     key = id(source)

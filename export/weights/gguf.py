@@ -154,6 +154,33 @@ class GGUFSource:
     def names(self) -> list[str]:
         return list(self._tensors)
 
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        """The Hugging Face shape of tensor ``name`` from the header (no data read), or None if absent."""
+        t = self._tensors.get(name)
+        return None if t is None else tuple(int(d) for d in reversed(t.shape))
+
+    def get_rows(self, name: str, index) -> np.ndarray:
+        """Rows ``index`` (a slice or int array) of the 2-D tensor ``name``, float32 (n, cols): only those rows'
+        blocks are dequantized (a 150,000-row table costs its chunk, not its whole fp32 size).
+
+        Raises:
+            KeyError: no such tensor. ValueError: a 1-D tensor, or Llama's permuted q/k rows (read them whole).
+        """
+        from gguf import GGMLQuantizationType, quants
+
+        t = self._tensors[name]
+        shape = self.shape(name)
+        if len(shape) != 2 or (self.arch == "llama" and ".self_attn." in name):
+            raise ValueError(f"{name}: read it whole")
+        data = t.data[index]
+        if t.tensor_type == GGMLQuantizationType.F32:
+            w = np.array(data, dtype=np.float32)
+        elif t.tensor_type == GGMLQuantizationType.F16:
+            w = np.asarray(data).astype(np.float32)
+        else:
+            w = quants.dequantize(np.ascontiguousarray(data), t.tensor_type)
+        return np.ascontiguousarray(w, dtype=np.float32).reshape(-1, shape[1])
+
     def _release(self, t) -> None:
         """Let the kernel drop the file pages of tensor ``t`` once it is read (they would count in the resident
         set until the whole file is unmapped): ``madvise(MADV_DONTNEED)`` on its byte range, where supported."""

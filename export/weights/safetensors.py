@@ -59,6 +59,31 @@ class SafetensorsSource:
     def names(self) -> list[str]:
         return list(self._where)
 
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        """The shape of tensor ``name`` from its shard's header, or None if absent."""
+        from safetensors import safe_open
+
+        if name not in self._where:
+            return None
+        shard, key = self._where[name]
+        with safe_open(str(shard), framework="numpy") as f:
+            return tuple(f.get_slice(key).get_shape())
+
+    def get_rows(self, name: str, index) -> np.ndarray:
+        """Rows ``index`` (a slice or int array) of the 2-D tensor ``name``, float32."""
+        from safetensors import safe_open
+
+        shard, key = self._where[name]
+        if isinstance(index, slice):
+            with safe_open(str(shard), framework="numpy") as f:
+                part = f.get_slice(key)
+                start, stop, step = index.indices(part.get_shape()[0])  # safetensors does not clamp
+                try:
+                    return np.asarray(part[start:stop:step], dtype=np.float32)
+                except TypeError:  # bfloat16
+                    pass
+        return self.get(name)[index]
+
     def get(self, name: str) -> np.ndarray:
         from safetensors import safe_open
 
