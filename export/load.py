@@ -1,7 +1,7 @@
 """Read a resolved source: config and tokenizer first (cheap), weights later, one tensor at a time.
 
 GGUF files and Hugging Face directories are read without torch or transformers: the config from the GGUF header
-or ``config.json`` (:class:`export.families.config.ModelConfig`), the tokenizer with the ``tokenizers`` library
+or ``config.json`` (:class:`export.model_config.ModelConfig`), the tokenizer with the ``tokenizers`` library
 (:mod:`export.tokenizer`), the weights as a :class:`export.weights.TensorSource`. Hub ids, and the traced and
 grouped graph formats, go through transformers and torch (the ``torch`` extra): :func:`load_weights`.
 """
@@ -17,7 +17,7 @@ from functools import lru_cache
 from edgespec.errors import EdgespecError
 
 from .families import ARCHITECTURES as WRITTEN_ARCHITECTURES
-from .families.config import ModelConfig
+from .model_config import ModelConfig
 from .onnx_graph import SUPPORTED_ARCHITECTURES
 from .sources import Source
 

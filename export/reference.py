@@ -18,7 +18,7 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 
-from .families.config import ModelConfig
+from .model_config import ModelConfig
 from .weights import TensorSource, has
 
 ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "gemma3_text", "phi3")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from edgespec.errors import EdgespecError
-from export.families.config import ModelConfig
+from export.model_config import ModelConfig
 from export.reference import forward, rotary_inv_freq
 from export.weights import DictSource
 from tinyfamilies import FAMILIES, build_hf, write_gguf

@@ -30,7 +30,7 @@ from ..gqa_graph import GQAWriter, GraphBuilder
 from ..onnx_graph import LOGITS_KEEP, add_logits_keep
 from ..quantize import quantize_rows
 from ..weights import rows
-from .config import ModelConfig
+from ..model_config import ModelConfig
 from .rotary import inv_freq
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 
-from .config import ModelConfig
+from ..model_config import ModelConfig
 
 
 def inv_freq(cfg: ModelConfig, layer_type: str = "full_attention") -> tuple[np.ndarray, float]:

@@ -17,7 +17,7 @@ from typing import Iterable, Protocol
 
 import numpy as np
 
-from ..families.config import ModelConfig
+from ..model_config import ModelConfig
 
 
 class TensorSource(Protocol):

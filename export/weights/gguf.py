@@ -18,7 +18,7 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 
-from ..families.config import ModelConfig
+from ..model_config import ModelConfig
 
 # GGUF architecture → Hugging Face model_type, for the families edgespec writes
 ARCHITECTURES = {"qwen2": "qwen2", "qwen3": "qwen3", "llama": "llama", "gemma3": "gemma3_text", "phi3": "phi3"}

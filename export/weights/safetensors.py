@@ -10,7 +10,7 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 
-from ..families.config import ModelConfig
+from ..model_config import ModelConfig
 
 
 def read_config(path: Path) -> dict:
