@@ -28,7 +28,8 @@ class Quantization:
     """How a graph's weights were quantized.
 
     ``precision`` is ``int4`` (onnxruntime MatMulNBits, ``block_size``, ``accuracy_level``, symmetric),
-    ``int8`` (dynamic QInt8 MatMul) or ``fp32``. ``lm_head_bits`` is the precision kept for the output head,
+    ``int8`` (8-bit MatMulNBits in graphs streamed from GGUF or safetensors; dynamic QInt8 MatMul in graphs built
+    through torch) or ``fp32``. ``lm_head_bits`` is the precision kept for the output head,
     ``embedding_bits`` that of the token embedding table (32: fp32 ``Gather``; 4 or 8: ``GatherBlockQuantized``
     in blocks of ``block_size``, or of 32 for int8 graphs).
     """
