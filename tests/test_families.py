@@ -188,3 +188,18 @@ def test_a_sliding_window_on_every_layer_as_transformers_applies_it(tmp_path):
     cache = lm.new_cache()
     got = np.concatenate([lm.forward(ids[:16], cache), lm.forward(ids[16:], cache)])
     assert np.abs(got - ref).max() <= TOL * np.abs(ref).max()
+
+
+def test_a_block_larger_than_a_dimension_it_does_not_divide(family_dirs, tmp_path):
+    """Block 256 on hidden 64: the quantizer pads each matmul's last block, the embedding takes the largest block
+    that divides its width (a float32 table otherwise would cost 4× its int8 size)."""
+    import onnx
+
+    from edgespec.export.weights.safetensors import SafetensorsSource
+
+    lm = _graph(SafetensorsSource(family_dirs["qwen2"]), tmp_path, precision="int4", block=256)
+    g = onnx.load(str(tmp_path / "model.onnx"), load_external_data=False).graph
+    gbq = [n for n in g.node if n.op_type == "GatherBlockQuantized"]
+    assert len(gbq) == 1 and {a.name: a.i for a in gbq[0].attribute}["block_size"] == 64
+    assert {a.name: a.i for a in next(n for n in g.node if n.op_type == "MatMulNBits").attribute}["block_size"] == 256
+    assert np.isfinite(lm.forward(_ids(512, 8), lm.new_cache())).all()

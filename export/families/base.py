@@ -76,9 +76,7 @@ def linear(g: GraphBuilder, x: str, w: np.ndarray, name: str, layout: Layout, bi
         from onnxruntime.quantization.matmul_nbits_quantizer import (DefaultWeightOnlyQuantConfig,
                                                                       DefaultWeightOnlyQuantizer)
 
-        n, k = w.shape
-        if k % layout.block_size:
-            raise EdgespecError(f"{name}: input size {k} is not a multiple of the block size {layout.block_size}")
+        n, k = w.shape  # a k that is no multiple of the block: the quantizer pads the last block with zeros
         q = DefaultWeightOnlyQuantizer(DefaultWeightOnlyQuantConfig(
             block_size=layout.block_size, is_symmetric=not layout.zero_points, accuracy_level=layout.accuracy_level,
             bits=bits))
@@ -334,16 +332,17 @@ def build(family: Family, ctx: int | None = None, kept: np.ndarray | None = None
 
 def embedding(g: GraphBuilder, table, layout: Layout) -> str:
     """The token embedding of ``input_ids``: ``GatherBlockQuantized`` over ``table`` float32 (V, H) (an array or
-    :class:`export.weights.Rows`) quantized
-    in blocks of ``layout.block_size`` (:func:`export.quantize.quantize_rows`), or a float32 ``Gather``."""
-    bits = layout.embedding_bits
-    if bits is None or table.shape[1] % layout.block_size:
+    :class:`export.weights.Rows`) quantized in blocks of ``layout.block_size``, or of the largest smaller power of
+    two that divides H (:func:`export.quantize.quantize_rows`), or a float32 ``Gather``."""
+    bits, h = layout.embedding_bits, table.shape[1]
+    block = next((b for b in (layout.block_size, 128, 64, 32, 16) if b <= layout.block_size and h % b == 0), None)
+    if bits is None or block is None:
         return g.node("Gather", [g.init("embed_tokens.weight", np.asarray(table[:])), "input_ids"], "embed/Gather")[0]
-    data, scales = quantize_rows(table, bits, layout.block_size)
+    data, scales = quantize_rows(table, bits, block)
     return g.node("GatherBlockQuantized", [g.init(f"embed_tokens.weight_Q{bits}", data), "input_ids",
                                            g.init("embed_tokens.weight_scales", scales)],
                   f"embed/Gather_Q{bits}", domain="com.microsoft", gather_axis=0, quantize_axis=1,
-                  block_size=layout.block_size, bits=bits)[0]
+                  block_size=block, bits=bits)[0]
 
 
 def attention_scale(cfg: ModelConfig) -> float:
