@@ -181,3 +181,77 @@ def test_echo_and_unknown_fields(server):
     status, body = server.post("/v1/chat/completions", json.dumps({"messages": ASK, "logit_bias": {"99999": 1}})
                                .encode())
     assert status == 400 and body["error"]["param"] == "logit_bias"
+
+
+# -- calls outside the tags (issue 43) -----------------------------------------------------------------------
+
+QWEN = '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris",\n    "days": 2\n  }\n}\n```'
+
+
+@pytest.fixture(scope="module")
+def replay(tiny_tool_export):
+    """An in-process server on the tiny tool pair whose answer is ``replay.answer``: the model runs two tokens
+    (for its stats), then the answer streams in 4-character pieces, ended as by the stop token. The tiny pair's
+    random weights never write a call of their own; the request still goes through the template, the queue and
+    the worker as any."""
+    from starlette.testclient import TestClient
+
+    from edgespec.apps.serve import Engine, build_app
+
+    dec = SpecDecoder.load(tiny_tool_export)
+    real = dec.generate
+
+    def generate(**kw):
+        g = real(**{**kw, "max_new_tokens": 2}).run()
+        g.stats.stop_reason = "stop_token"
+        text = replay.answer
+
+        def chunks():
+            for i in range(0, len(text), 4):
+                yield text[i:i + 4], False
+
+        g.chunks = chunks
+        return g
+
+    dec.generate = generate
+    engine = Engine(dec, {"proposers": ()})
+    replay.http = TestClient(build_app(engine))
+    replay.client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=replay.http)
+    yield replay
+    engine.stop()
+
+
+def _ollama(replay, stream: bool, **body) -> tuple[str, list, str]:
+    r = replay.http.post("/api/chat", json={"model": MODEL, "messages": ASK, "stream": stream, **body})
+    lines = [json.loads(x) for x in r.text.splitlines() if x.strip()]
+    assert r.status_code == 200 and lines[-1]["done"], lines
+    calls = [c for x in lines for c in x["message"].get("tool_calls", [])]
+    return "".join(x["message"]["content"] for x in lines), calls, lines[-1]["done_reason"]
+
+
+@pytest.mark.parametrize("answer, calls", [
+    (QWEN, [("get_weather", {"city": "Paris", "days": 2})]),
+    ('[{"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}, {"name": "get_time", "arguments": '
+     '{"zone": "UTC"}}]', [("get_weather", {"city": "Oslo", "days": 1}), ("get_time", {"zone": "UTC"})]),
+    ('```json\n{"name": "get_news", "arguments": {}}\n```', []),  # not a declared tool: content
+    ('The call is:\n' + QWEN, []),  # prose around: content
+])
+def test_an_answer_that_is_wholly_a_json_call_is_tool_calls_on_both_apis(replay, answer, calls):
+    replay.answer = answer
+    kw = dict(messages=ASK, tools=TOOLS, tool_choice="auto", max_tokens=20)
+    ch = chat(replay, **kw).choices[0]
+    got = [(c.function.name, json.loads(c.function.arguments)) for c in ch.message.tool_calls or []]
+    assert got == calls
+    assert (ch.finish_reason, ch.message.content) == (("tool_calls", None) if calls else ("stop", answer))
+    text, streamed, finish, _ = _streamed(replay, **kw)  # nothing of the call streams as content first
+    assert (text or None, [(c["name"], json.loads(c["arguments"])) for c in streamed], finish) == \
+        (ch.message.content, got, ch.finish_reason)
+    for stream in (False, True):  # Ollama's /api/chat: the same calls, in its own form
+        text, ocalls, reason = _ollama(replay, stream, tools=TOOLS)
+        assert (text, [(c["function"]["name"], c["function"]["arguments"]) for c in ocalls], reason) == \
+            ("" if calls else answer, calls, "stop")
+    # the same answer is content without tools, with tool_choice "none", or with JSON output asked for
+    for extra in ({}, {"tools": TOOLS, "tool_choice": "none"},
+                  {"tools": TOOLS, "response_format": {"type": "json_object"}}):
+        m = chat(replay, messages=ASK, max_tokens=20, **extra).choices[0].message
+        assert m.content == answer and not m.tool_calls

@@ -20,7 +20,10 @@ class Choice:
 
     def __init__(self, chat: bool, extras: Extras | None, tokenizer):
         self.chat = chat
-        self.parser = ToolCallParser() if chat and extras is not None and extras.parse_tools else None
+        self.parser = None
+        if chat and extras is not None and extras.parse_tools:  # calls outside the tags: only with text output
+            names = [t["function"]["name"] for t in extras.tools] if extras.response_format == "text" else ()
+            self.parser = ToolCallParser(names)
         self.want_logprobs = extras is not None and extras.logprobs is not None
         self.formatter = LogprobsFormatter(tokenizer, chat) if self.want_logprobs else None
         self.text_parts: list[str] = []
