@@ -20,9 +20,8 @@ from .families import ARCHITECTURES as WRITTEN_ARCHITECTURES
 from .model_config import ModelConfig
 from .onnx_graph import SUPPORTED_ARCHITECTURES
 from .sources import Source
+from .tokenizer import STOP_TOKEN_TEXTS
 
-GGUF_CONTROL, GGUF_USER_DEFINED = 3, 4
-STOP_TOKEN_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|end|>")
 TORCH_EXTRA = "pip install 'edgespec[torch]'"
 
 
@@ -52,55 +51,6 @@ def _pretrained_args(source: Source) -> tuple[str, dict]:
     if source.kind == "hf":
         return str(source.path), {}
     return source.ref, {}
-
-
-def _gguf_special_tokens(path) -> list[tuple[int, str, bool]]:
-    """``[(id, text, special)]`` for every control (special) and user-defined (not special) GGUF token."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
-    tokens = reader.fields.get("tokenizer.ggml.tokens")
-    types = reader.fields.get("tokenizer.ggml.token_type")
-    if tokens is None or types is None:  # token types are optional in GGUF: nothing to re-register
-        return []
-    out = []
-    for i, idx in enumerate(types.data):
-        t = int(types.parts[idx][0])
-        if t in (GGUF_CONTROL, GGUF_USER_DEFINED):
-            text = bytes(tokens.parts[tokens.data[i]]).decode("utf-8")
-            out.append((i, text, t == GGUF_CONTROL))
-    return out
-
-
-def _gguf_ids(path) -> dict[str, int]:
-    """``{'eos': …, 'bos': …, 'pad': …}`` as the GGUF header states them (transformers may differ)."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
-    out = {}
-    for key, name in (("eos", "eos_token_id"), ("bos", "bos_token_id"), ("pad", "padding_token_id")):
-        f = reader.fields.get(f"tokenizer.ggml.{name}")
-        if f is not None:
-            out[key] = int(f.parts[f.data[0]][0])
-    return out
-
-
-def _repair_gguf_tokenizer(tok, path) -> None:
-    from tokenizers import AddedToken
-
-    have = {t.content for t in tok.backend_tokenizer.get_added_tokens_decoder().values()}
-    vocab = tok.backend_tokenizer.get_vocab(with_added_tokens=True)
-    special, plain = [], []
-    for i, text, is_special in _gguf_special_tokens(path):
-        if text in have:
-            continue
-        if vocab.get(text, i) != i:
-            raise EdgespecError(f"{path}: GGUF token {text!r} has id {i} but the converted vocab says {vocab[text]}")
-        (special if is_special else plain).append(AddedToken(text, special=is_special, normalized=False))
-    if special:
-        tok.backend_tokenizer.add_special_tokens(special)
-    if plain:
-        tok.backend_tokenizer.add_tokens(plain)
 
 
 def tokenizer_sha256(tok) -> str:
@@ -213,13 +163,8 @@ def _describe_transformers(source: Source, role: str) -> ModelInfo:
         raise EdgespecError(f"{role} {source.ref}: cannot load tokenizer ({type(e).__name__}: {e})") from None
     if not getattr(tok, "is_fast", False):
         raise EdgespecError(f"{role} {source.ref}: needs a fast (tokenizers) tokenizer")
-    if source.kind == "gguf":
-        _repair_gguf_tokenizer(tok, source.path)
     vocab = tok.backend_tokenizer.get_vocab(with_added_tokens=True)
     eos, bos, pad = tok.eos_token_id, tok.bos_token_id, tok.pad_token_id
-    if source.kind == "gguf":
-        ids = _gguf_ids(source.path)
-        eos, bos, pad = ids.get("eos", eos), ids.get("bos", bos), ids.get("pad", pad)
     gen_eos = []
     try:
         from transformers import GenerationConfig
