@@ -87,3 +87,41 @@ def test_parallel_tool_calls_end_after_the_one_call_asked_for(real_export, tmp_p
             assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
     finally:
         s.close()
+
+
+def test_the_prompt_with_tools_is_the_one_transformers_renders(dec, real_export):
+    """The tools prompt is the export's template as transformers' ``apply_chat_template(..., tools=...)`` renders
+    it: Qwen2.5's "# Tools" system block and its ``<tool_call>`` instruction, ending at the assistant's turn."""
+    transformers = pytest.importorskip("transformers")
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(real_export / "tokenizer.json"))
+    tok.chat_template = (real_export / "chat_template.jinja").read_text()
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    text = tok.apply_chat_template(msgs, tools=TOOLS, add_generation_prompt=True, tokenize=False)
+    assert "# Tools" in text and "<tool_call>" in text and text.endswith("<|im_start|>assistant\n")
+    assert list(dec.encode(messages=msgs, tools=TOOLS)) == tok(text, add_special_tokens=False)["input_ids"]
+
+
+def test_auto_the_models_json_block_is_a_tool_call_streamed_and_not(real_export, tmp_path):
+    """``tool_choice`` "auto": asked about the weather in Paris, Qwen2.5-Coder-1.5B answers a ```json block holding
+    ``{"name": "get_weather", "arguments": {"city": "Paris"}}`` rather than a ``<tool_call>`` block (the prompt is
+    the template's own, token for token as transformers renders it); that answer is one call, finish_reason
+    "tool_calls", and the stream shows no content before it (issue 43)."""
+    from test_serve import Server
+
+    s = Server(real_export, tmp_path, tmp_path / "serve.log")
+    try:
+        kw = dict(model="edgespec", messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+                  tools=TOOLS, tool_choice="auto", max_tokens=120, temperature=0)
+        ch = s.client.chat.completions.create(**kw).choices[0]
+        assert ch.finish_reason == "tool_calls" and ch.message.content is None and len(ch.message.tool_calls) == 1
+        call = ch.message.tool_calls[0].function
+        assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
+        text, calls, finish = "", [], None
+        for c in s.client.chat.completions.create(stream=True, **kw):
+            d = c.choices[0]
+            text += d.delta.content or ""
+            calls += [t.function for t in d.delta.tool_calls or [] if t.function.name]
+            finish = d.finish_reason or finish
+        assert (text, [t.name for t in calls], finish) == ("", ["get_weather"], "tool_calls")
+    finally:
+        s.close()
