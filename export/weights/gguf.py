@@ -131,12 +131,7 @@ class GGUFSource:
         elif scaling not in (None, "none"):
             raise EdgespecError(f"{self.path}: rope scaling {scaling!r} in a GGUF is not supported")
         if a == "gemma3":
-            # llama.cpp's Gemma 3: every 6th layer global, the others slide with a 10,000 rotary base
-            window = get("attention.sliding_window")
-            cfg.update(hidden_act="gelu_pytorch_tanh", rope_local_theta=10000.0, query_pre_attn_scalar=float(head_dim),
-                       sliding_window=int(window) if window else None,
-                       layer_types=tuple("full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
-                                         for i in range(layers)) if window else None)
+            cfg.update(self._gemma3(get, layers, hidden, heads, head_dim))
         if a == "phi3":
             rot = get("rope.dimension_count")
             if rot:
@@ -150,6 +145,28 @@ class GGUFSource:
         if a == "llama" and "rope_freqs.weight" in self._tensors:  # llama3 scaling, as per-frequency factors
             cfg["rope_scaling"] = {"rope_type": "freq_factors", "factors": self.get("rope_freqs.weight").tolist()}
         return ModelConfig(**cfg)
+
+    def _gemma3(self, get, layers: int, hidden: int, heads: int, head_dim: int) -> dict:
+        """Gemma 3's settings as llama.cpp b11434 reads them (``src/models/gemma3.cpp``, ``load_swa_pattern``):
+        sliding layers when ``attention.sliding_window`` is set, by ``attention.sliding_window_pattern`` (a
+        per-layer bool array, or n: layer i slides unless i % n == n - 1; default 6, every 6th layer global);
+        the sliding layers' rotary base ``rope.freq_base_swa`` (default 10,000); the attention scale
+        1/sqrt(head_dim), except 1/sqrt(hidden / heads) for the 62-layer 27B (Hugging Face's
+        ``query_pre_attn_scalar``: 256 for 270M-12B, 168 for 27B). A ``final_logit_softcapping`` is refused
+        (Gemma 3 has none; ModelConfig cannot carry it)."""
+        if get("final_logit_softcapping"):
+            raise EdgespecError(f"{self.path}: final_logit_softcapping = {get('final_logit_softcapping')} is not "
+                                "supported")
+        window = get("attention.sliding_window")
+        out = dict(hidden_act="gelu_pytorch_tanh", rope_local_theta=float(get("rope.freq_base_swa", 10000.0)),
+                   query_pre_attn_scalar=float(hidden // heads if layers == 62 else head_dim))
+        if window:
+            pattern = get("attention.sliding_window_pattern", 6)
+            slides = ([bool(x) for x in pattern] if isinstance(pattern, list)
+                      else [int(pattern) == 0 or i % int(pattern) < int(pattern) - 1 for i in range(layers)])
+            out.update(sliding_window=int(window),
+                       layer_types=tuple("sliding_attention" if x else "full_attention" for x in slides))
+        return out
 
     def names(self) -> list[str]:
         return list(self._tensors)
