@@ -10,7 +10,7 @@
 - A GGUF file with a SentencePiece BPE tokenizer (``tokenizer.ggml.model == "llama"``: tokens and scores, no
   merges; Gemma 3, Llama 2): a ``tokenizers`` BPE with byte fallback whose merges come from the scores
   (:func:`spm_merges`), spaces written "▁", ``<0xNN>`` byte tokens, the same added tokens, and ``<bos>`` put in
-  front by the post-processor when ``tokenizer.ggml.add_bos_token`` says so (Gemma's own tokenizer.json).
+  front by the post-processor when ``tokenizer.ggml.add_bos_token`` says so, as Gemma's own tokenizer.json does.
 """
 
 from __future__ import annotations
