@@ -1,13 +1,21 @@
-"""What ``edgespec export`` costs: wall time and peak RSS of a whole export into an empty graph cache, each run in
-a fresh process; also writes the GGUF files and the tiny pair other benchmarks export.
+"""What ``edgespec export`` costs and what its weight layout gives: wall time and peak RSS of a whole export into
+an empty graph cache (each run in a fresh process); each int4 layout's accuracy against the source weights and its
+decode and verify cost on this CPU; also writes the GGUF files and the tiny pair other benchmarks export.
 
     python bench/export_cost.py measure [TARGET DRAFT] [--block-size 32] [--repeats 1] [--out STEM]
+    python bench/export_cost.py layouts MODEL.gguf [--layouts b32,b128,b128z,...] [--graphs DIR]
+                                        [--measure accuracy,speed] [--out STEM]
     python bench/export_cost.py synthetic qwen2.5-7b OUT.gguf      # random Q4_0 weights of that model's shapes
     python bench/export_cost.py tiny OUT_DIR                       # the test suite's tiny pair, exported
 
 ``measure`` exports the pair (default: the default pair's recipe) with ``EDGESPEC_HOME`` set to a new directory
 (so the graph cache is empty; a recipe's GGUF files are linked in from the user cache first, so downloading and
-assembling them is not timed) and reports the child's wall time and ``ru_maxrss``. ``synthetic`` writes a GGUF
+assembling them is not timed) and reports the child's wall time and ``ru_maxrss``. ``layouts`` writes MODEL's graph in each layout (``b128``: int4 blocks of
+128; ``z``: with zero points; ``+down_proj=8``: those matmuls at 8 bits; ``+lm_head=8``) and measures, over 512
+tokens of the Python standard library's ``argparse.py`` (text nobody here wrote): greedy agreement, mean
+KL(p_source ‖ p_export) and mean negative log-likelihood of the next token against the numpy forward of the source
+weights (:mod:`export.reference`), and the ms of a decode step (1 row) and a 5-row verify after a 128-token
+past (the layouts interleaved, 3 × 7 calls, median). ``synthetic`` writes a GGUF
 whose tensors have the shapes of a real model (random 4-bit blocks, a byte-level stand-in tokenizer), one tensor at
 a time: an export of it measures what a model of that size costs without its weights (a 7B Q4_0 file is 4.3 GB).
 """
@@ -119,6 +127,122 @@ def _link_recipe_ggufs(home: Path) -> None:
             os.link(f, home / "gguf" / f.name)
 
 
+def parse_layout(name: str):
+    """``b128z+down_proj=8+lm_head=8`` → an :class:`export.families.base.Layout`."""
+    from edgespec.export.families.base import Layout
+
+    head, *mix = name.split("+")
+    if not head.startswith("b") or not head.rstrip("z")[1:].isdigit():
+        raise SystemExit(f"export_cost: bad layout {name!r} (b32, b128z, b128+down_proj=8, …)")
+    bits = dict((frag, int(b)) for frag, _, b in (m.partition("=") for m in mix))
+    return Layout(block_size=int(head.rstrip("z")[1:]), zero_points=head.endswith("z"),
+                  lm_head_bits=bits.pop("lm_head", None), bits=bits)
+
+
+def held_ids(tokenizer, n: int = 512):
+    """int64 (n,): tokens of the standard library's ``argparse.py`` from its first class on."""
+    import argparse as mod
+    import inspect
+
+    text = inspect.getsource(mod)
+    return np.array(tokenizer.encode(text[text.index("class "):])[:n], dtype=np.int64)
+
+
+def _nll(logits: np.ndarray, ids: np.ndarray) -> float:
+    """Mean negative log-likelihood (nats) of ``ids[1:]`` under ``logits[:-1]`` float32 (T, V)."""
+    x = logits[:-1].astype(np.float64)
+    m = x.max(-1, keepdims=True)
+    lse = (m + np.log(np.exp(x - m).sum(-1, keepdims=True)))[:, 0]
+    return float((lse - x[np.arange(len(x)), ids[1:]]).mean())
+
+
+def _step_ms(lm, rows: int, past: int = 128, calls: int = 15) -> float:
+    ids = np.arange(past + rows, dtype=np.int64) % 1000 + 100
+    times = []
+    for _ in range(calls + 3):
+        cache = lm.new_cache(past + rows + 8)
+        lm.forward(ids[:past], cache, keep=1)
+        t0 = time.perf_counter()
+        lm.forward(ids[past:], cache)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(times[3:]))
+
+
+def measure_layouts(model: str, names: list[str], graphs: Path) -> list[dict]:
+    """Each layout of ``names`` on ``model`` (a GGUF file): accuracy against the source and step cost."""
+    import onnx
+
+    from edgespec.export.families import family_for
+    from edgespec.export.gqa_graph import GraphBuilder
+    from edgespec.export.load import describe, gguf_source
+    from edgespec.export.reference import forward
+    from edgespec.export.sources import resolve_model
+    from edgespec.export.validate import graph_logits
+    from edgespec.export.families.base import build
+
+    info = describe(resolve_model(model), "target")
+    src = gguf_source(str(info.source.path))
+    ids = held_ids(info.tokenizer)
+    layers, kv, hd = src.config.kv_shape
+    t0 = time.perf_counter()
+    ref = forward(src, ids)
+    print(f"reference: {len(ids)} tokens in {time.perf_counter() - t0:.0f} s; NLL {_nll(ref, ids):.4f}", flush=True)
+    lp = ref - ref.max(-1, keepdims=True)
+    lp -= np.log(np.exp(lp).sum(-1, keepdims=True))
+    rows = [{"layout": "source (numpy fp32)", "nll": _nll(ref, ids)}]
+    for name in names:
+        d = graphs / name
+        if not (d / "model.onnx").is_file():
+            d.mkdir(parents=True, exist_ok=True)
+            t0 = time.perf_counter()
+            g = GraphBuilder(d / "model.onnx.data")
+            try:
+                proto = build(family_for(src.config.architecture)(src, parse_layout(name), g))
+            finally:
+                g.close()
+            onnx.save_model(proto, str(d / "model.onnx"))
+            print(f"{name}: written in {time.perf_counter() - t0:.0f} s", flush=True)
+        got = graph_logits(d / "model.onnx", ids, layers, kv, hd)
+        lq = got - got.max(-1, keepdims=True)
+        lq -= np.log(np.exp(lq).sum(-1, keepdims=True))
+        r = {"layout": name, "greedy_agreement": float((ref.argmax(-1) == got.argmax(-1)).mean()),
+             "kl_mean": float((np.exp(lp) * (lp - lq)).sum(-1).mean()), "nll": _nll(got, ids),
+             "data_mb": round((d / "model.onnx.data").stat().st_size / 2**20)}
+        rows.append(r)
+        print(f"{name:24s} agreement {r['greedy_agreement']:.3f}  KL {r['kl_mean']:.4f}  NLL {r['nll']:.4f}  "
+              f"{r['data_mb']} MB", flush=True)
+    return rows
+
+
+def time_layouts(names: list[str], graphs: Path, layers: int, kv: int, hd: int, repeats: int = 3) -> list[dict]:
+    """ms of a decode step and a 5-row verify after a 128-token past for each written layout, the layouts
+    interleaved ``repeats`` times (the machine's drift then falls on every layout alike); medians."""
+    from edgespec.export.validate import _lm, session
+
+    lms = {n: _lm(session(graphs / n / "model.onnx"), layers, kv, hd, 1024) for n in names}
+    cells = {n: {1: [], 5: []} for n in names}
+    for _ in range(repeats):
+        for n, lm in lms.items():
+            for rows in (1, 5):
+                cells[n][rows].append(_step_ms(lm, rows, calls=7))
+    out = []
+    for n in names:
+        r = {"layout": n, "step_ms_1": float(np.median(cells[n][1])), "step_ms_5": float(np.median(cells[n][5]))}
+        out.append(r)
+        print(f"{n:24s} step {r['step_ms_1']:.1f} ms  5-row verify {r['step_ms_5']:.1f} ms", flush=True)
+    return out
+
+
+def _cpu_id() -> dict:
+    """The CPU's family and model numbers (/proc/cpuinfo): "AMD EPYC" alone does not tell Zen 4 from Zen 2."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    get = lambda key: next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith(key)), "")  # noqa: E731
+    return {"cpu_family": get("cpu family"), "cpu_model": get("model\t")}
+
+
 def build_tiny(out: Path) -> int:
     """The test suite's tiny pair (``tests/conftest.py``'s ``tiny_export``: a 2-layer qwen2 target, its copy with
     10% weight noise as the draft, fp32) exported at ``out``, for benchmarks that time the Python around the
@@ -150,11 +274,39 @@ def main(argv=None) -> int:
     s = sub.add_parser("synthetic", help="a GGUF of a real model's shapes with random 4-bit weights")
     s.add_argument("shape", choices=sorted(SHAPES))
     s.add_argument("out", type=Path)
+    lo = sub.add_parser("layouts", help="each int4 layout's accuracy against the source and its step cost")
+    lo.add_argument("model", help="a GGUF file (the target)")
+    lo.add_argument("--layouts", default="b32,b64,b128,b128z,b256,b256z,b128+down_proj=8,b128z+lm_head=8")
+    lo.add_argument("--graphs", type=Path, default=None, help="keep the written graphs here (reused if present)")
+    lo.add_argument("--measure", default="accuracy,speed",
+                    help="accuracy (against the source; any machine load), speed (run alone), or both")
+    lo.add_argument("--out", type=Path, default=None, help="also write the JSON result to OUT.json")
     t = sub.add_parser("tiny", help="export the test suite's tiny pair")
     t.add_argument("out", type=Path, help="export directory to write (must not exist)")
     a = ap.parse_args(argv)
     if a.cmd == "tiny":
         return build_tiny(a.out)
+    if a.cmd == "layouts":
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from llama_server import write_result
+
+        from edgespec.bench.runner import cpus
+
+        names = a.layouts.split(",")
+        with tempfile.TemporaryDirectory() as tmp:
+            graphs = a.graphs or Path(tmp)
+            rows = measure_layouts(a.model, names, graphs) if "accuracy" in a.measure else []
+            if "speed" in a.measure:
+                from edgespec.export.load import gguf_source
+
+                cfg = gguf_source(str(Path(a.model).resolve())).config
+                speed = {r["layout"]: r for r in time_layouts(names, graphs, *cfg.kv_shape)}
+                rows = [{**r, **speed.get(r["layout"], {})} for r in rows] or list(speed.values())
+        if a.out:
+            write_result(a.out, {"command": "python bench/export_cost.py " + " ".join(sys.argv[1:]),
+                                 "machine": {**cpus(), **_cpu_id()}, "date": time.strftime("%Y-%m-%d"),
+                                 "layouts": rows})
+        return 0
     if a.cmd == "synthetic":
         print(write_synthetic(a.shape, a.out))
         return 0

@@ -196,6 +196,8 @@ class GGUFSource:
             w = np.asarray(data).astype(np.float32)
         else:
             w = quants.dequantize(np.ascontiguousarray(data), t.tensor_type)
+        if isinstance(index, slice) and index.stop is not None and index.stop >= shape[0]:
+            self._release(t)  # the last chunk of a table read in order
         return np.ascontiguousarray(w, dtype=np.float32).reshape(-1, shape[1])
 
     def _release(self, t) -> None:
