@@ -37,7 +37,7 @@ class GraphBuilder:
     """A growing list of nodes and initializers with unique names.
 
     Initializers of 1 KiB or more go straight to the external data file ``data`` as they are made, so the
-    graph never holds a second copy of the weights in memory (the PyTorch model stays loaded for validation).
+    graph never holds a second copy of the weights in memory.
     """
 
     def __init__(self, data: Path | None = None):

@@ -38,7 +38,6 @@ class ModelInfo:
     bos: int | None
     pad: int | None
     stop: tuple[int, ...]
-    hf_config: object | None = None  # the transformers config, for the torch path only (hf_config_of)
 
     @property
     def logits_width(self) -> int:
@@ -100,36 +99,14 @@ def describe(source: Source, role: str) -> ModelInfo:
             config, tok = ModelConfig.from_hf(read_config(source.path)), tk.from_hf_dir(source.path)
     except EdgespecError as e:
         raise EdgespecError(f"{role}: {e}") from None
+    except (KeyError, TypeError, ValueError, OSError, UnicodeDecodeError) as e:  # a malformed tokenizer or header
+        raise EdgespecError(f"{role} {source.ref}: cannot read its tokenizer ({type(e).__name__}: {e})") from None
     if config.architecture not in WRITTEN_ARCHITECTURES:
         raise EdgespecError(f"{role} {source.ref}: unsupported architecture {config.architecture!r} "
                             f"(supported: {', '.join(WRITTEN_ARCHITECTURES)})")
     return ModelInfo(source=source, config=config, tokenizer=tok.tokenizer,
                      tokenizer_sha256=tokenizer_sha256(tok.tokenizer), chat_template=tok.chat_template, eos=tok.eos,
                      bos=tok.bos, pad=tok.pad, stop=tok.stop)
-
-
-def hf_config_of(info: ModelInfo):
-    """The transformers config of ``info`` (the torch path: graph formats 2 and 4, hub ids).
-
-    Raises:
-        EdgespecError: transformers is not installed, or cannot read the source's config.
-    """
-    if info.hf_config is not None:
-        return info.hf_config
-    try:
-        from transformers import AutoConfig
-    except ImportError:
-        raise EdgespecError(f"{info.source.ref}: this export goes through transformers and torch "
-                            f"({TORCH_EXTRA})") from None
-    name, kw = _pretrained_args(info.source)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            info.hf_config = AutoConfig.from_pretrained(name, **kw)
-    except Exception as e:  # transformers raises OSError/ValueError/KeyError for bad sources
-        raise EdgespecError(f"{info.source.ref}: cannot read model config ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0] if str(e) else ''})") from None
-    return info.hf_config
 
 
 def _describe_transformers(source: Source, role: str) -> ModelInfo:
@@ -181,7 +158,7 @@ def _describe_transformers(source: Source, role: str) -> ModelInfo:
     stop |= {vocab[t] for t in STOP_TOKEN_TEXTS if t in vocab}
     return ModelInfo(source=source, config=ModelConfig.from_hf(config.to_dict()), tokenizer=tok,
                      tokenizer_sha256=tokenizer_sha256(tok), chat_template=getattr(tok, "chat_template", None),
-                     eos=int(eos), bos=bos, pad=pad, stop=tuple(sorted(int(s) for s in stop)), hf_config=config)
+                     eos=int(eos), bos=bos, pad=pad, stop=tuple(sorted(int(s) for s in stop)), )
 
 
 def check_pair(target: ModelInfo, draft: ModelInfo) -> None:

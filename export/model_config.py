@@ -12,6 +12,43 @@ from dataclasses import dataclass, field
 from edgespec.errors import EdgespecError
 
 
+# settings transformers' config classes fill in when a config.json leaves them out (a Gemma 3 text_config lists
+# few keys): they are the model's, not generic ones
+DEFAULTS = {
+    "gemma3_text": {"rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "head_dim": 256,
+                    "query_pre_attn_scalar": 256, "sliding_window": 4096, "num_attention_heads": 8,
+                    "num_key_value_heads": 4, "vocab_size": 262_208, "rms_norm_eps": 1e-6,
+                    "max_position_embeddings": 131_072, "hidden_activation": "gelu_pytorch_tanh"},
+    "qwen2": {"rope_theta": 10_000.0, "rms_norm_eps": 1e-6},
+    "qwen3": {"rope_theta": 10_000.0, "rms_norm_eps": 1e-6},
+    "llama": {"rope_theta": 10_000.0, "rms_norm_eps": 1e-6},
+    "phi3": {"rope_theta": 10_000.0, "rms_norm_eps": 1e-5},
+}
+_ROPE_KEYS = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                                                "original_max_position_embeddings"),
+              "longrope": ("short_factor", "long_factor")}
+
+
+def _rope_scaling(rs, arch) -> dict | None:
+    """Hugging Face's ``rope_scaling`` with one spelling: ``rope_type`` (older configs write ``type``; Phi-3's
+    ``su`` and ``yarn`` are longrope, as ``Phi3Config`` reads them), checked for the keys its type needs.
+
+    Raises:
+        ValueError: not a dict, or a key its type needs is missing.
+    """
+    if rs is None:
+        return None
+    if not isinstance(rs, dict):
+        raise ValueError(f"rope_scaling must be an object, not {rs!r}")
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if arch == "phi3" and kind in ("su", "yarn"):
+        kind = "longrope"
+    missing = [k for k in _ROPE_KEYS.get(kind, ()) if k not in rs]
+    if missing:
+        raise ValueError(f"rope_scaling of type {kind} lacks {', '.join(missing)}")
+    return None if kind == "default" else {**rs, "rope_type": kind}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A decoder-only transformer's shape and hyperparameters (Hugging Face's meanings).
@@ -64,19 +101,24 @@ class ModelConfig:
         """
         if cfg.get("model_type") == "gemma3" and isinstance(cfg.get("text_config"), dict):
             cfg = {"model_type": "gemma3_text", **cfg["text_config"]}
+        cfg = {**DEFAULTS.get(cfg.get("model_type"), {}), **cfg}  # what transformers' config class fills in
         for key in ("attn_logit_softcapping", "final_logit_softcapping", "use_bidirectional_attention"):
             if cfg.get(key):
                 raise EdgespecError(f"config.json: {key} = {cfg[key]} is not supported")
         try:
             arch = str(cfg["model_type"])
+            cfg["rope_scaling"] = _rope_scaling(cfg.get("rope_scaling"), arch)
             heads = int(cfg["num_attention_heads"])
             hidden = int(cfg["hidden_size"])
+            if min(heads, hidden, int(cfg["num_hidden_layers"]), int(cfg["intermediate_size"]),
+                   int(cfg["vocab_size"])) <= 0:
+                raise ValueError("sizes must be positive")
             kv = int(cfg.get("num_key_value_heads") or heads)
             head_dim = int(cfg.get("head_dim") or hidden // heads)
             layers = int(cfg["num_hidden_layers"])
             layer_types = cfg.get("layer_types")
             if layer_types is None and arch == "gemma3_text":  # configs before layer_types: every 6th is global
-                pattern = int(cfg.get("sliding_window_pattern", 6))
+                pattern = max(1, int(cfg.get("sliding_window_pattern", 6)))
                 layer_types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
                                for i in range(layers)]
             elif layer_types is None and cfg.get("use_sliding_window") and cfg.get("sliding_window"):
@@ -87,13 +129,16 @@ class ModelConfig:
                 layer_types = ["sliding_attention"] * layers  # transformers windows every layer of these
             if layer_types is not None and all(t == "full_attention" for t in layer_types):
                 layer_types = None
+            if layer_types is not None and (len(layer_types) != layers or not cfg.get("sliding_window")):
+                raise ValueError(f"{len(layer_types)} layer_types for {layers} layers, sliding window "
+                                 f"{cfg.get('sliding_window')}")
             act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
             return cls(
                 architecture=arch, num_layers=layers, hidden_size=hidden,
                 intermediate_size=int(cfg["intermediate_size"]), num_heads=heads, num_kv_heads=kv,
                 head_dim=head_dim, vocab_size=int(cfg["vocab_size"]),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(cfg.get("rope_theta", 10000.0)),
-                rope_scaling=cfg.get("rope_scaling") or None,
+                rope_scaling=cfg["rope_scaling"],
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch == "gemma3_text")),
                 attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")), hidden_act=str(act),

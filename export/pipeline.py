@@ -51,11 +51,12 @@ from .sources import Source, resolve_model, resolve_recipe_model
 GRAPH_FORMATS = (2, 3, 4)  # 4: format 3 with grouped attention over per-KV-head buffers (export/grouped_graph.py)
 KV_INT8_REVISION = 2  # export/kv_int8.py's rewrite, in the graph cache key of --kv-int8 graphs (2: the prefill
 # graph keeps a float32 cache, and kv_scales.npz)
-GRAPH_REVISIONS = {3: 3}  # format 3, revision 2: the token embedding quantized (GatherBlockQuantized); 3: written
+GRAPH_REVISIONS = {3: 4}  # format 3, revision 2: the token embedding quantized (GatherBlockQuantized); 3: written
 # from the source weights one tensor at a time (export/families), int8 as 8-bit MatMulNBits, validated against the
-# numpy reference
+# numpy reference; 4: padded blocks, the embedding's own block, Gemma 3's GGUF settings as llama.cpp reads them.
+# Bump it with every change to what the streamed writers write.
 EMBEDDING_BITS = {"int4": 8, "int8": 8}  # format 3 from revision 2: embedding table bits per graph precision
-DEFAULT_GRAPH_FORMAT = 3  # where the model allows it (gqa_graph.format3_problem); format 2 stays loadable
+DEFAULT_GRAPH_FORMAT = 3  # where the model allows it (format_problem); format 2 stays loadable
 QUANT_POSITIONS = 256
 
 
@@ -366,6 +367,8 @@ def _build_streamed(info: ModelInfo, opts: ExportOptions, role: str, final: Path
             g = GraphBuilder(tmp / "model.onnx.data")
             try:
                 proto = build(family_for(cfg.architecture)(src, layout, g), kept=kept)
+            except KeyError as e:  # a tensor the family needs is not in the file
+                raise EdgespecError(f"{role} {info.source.ref}: the weights have no tensor {e}") from None
             finally:
                 g.close()
             onnx.save_model(proto, str(out))

@@ -6,8 +6,9 @@ onnx, written from transformers' modeling files (Qwen2, Llama / Mistral, Qwen3, 
 ``modeling_rope_utils``: the math only. It reads a layer's tensors while that layer runs and drops them after, so
 its peak memory is one layer's weights plus activations; the output head is applied in chunks of vocabulary rows.
 
-:func:`rotary_inv_freq` is the rotary frequencies and attention factor of one layer type, per ``rope_type``; the
-graph writers may build their cos/sin tables from it.
+:func:`rotary_inv_freq` is the rotary frequencies and attention factor of one layer type, per ``rope_type``
+(the graph writers have their own, :mod:`export.families.rotary`: the two are checked against each other through
+the graphs).
 """
 
 from __future__ import annotations

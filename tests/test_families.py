@@ -203,3 +203,69 @@ def test_a_block_larger_than_a_dimension_it_does_not_divide(family_dirs, tmp_pat
     assert len(gbq) == 1 and {a.name: a.i for a in gbq[0].attribute}["block_size"] == 64
     assert {a.name: a.i for a in next(n for n in g.node if n.op_type == "MatMulNBits").attribute}["block_size"] == 256
     assert np.isfinite(lm.forward(_ids(512, 8), lm.new_cache())).all()
+
+
+def test_bfloat16_safetensors_read_whole_and_by_rows(tmp_path):
+    """bfloat16 (numpy has none) widened from the file's bytes, also a slice of rows alone."""
+    import torch
+    from safetensors.torch import save_file
+
+    from edgespec.export.weights.safetensors import SafetensorsSource
+
+    d = build_hf(tmp_path / "bf", "qwen2", seed=5)
+    w = torch.randn(40, 24).to(torch.bfloat16)
+    save_file({"extra.weight": w}, str(d / "extra.safetensors"))
+    src = SafetensorsSource(d)
+    whole = w.float().numpy()
+    np.testing.assert_array_equal(src.get("extra.weight"), whole)
+    np.testing.assert_array_equal(src.get_rows("extra.weight", slice(8, 100)), whole[8:])
+    np.testing.assert_array_equal(src.get_rows("extra.weight", slice(0, 40, 3)), whole[::3])
+    np.testing.assert_array_equal(src.get_rows("extra.weight", np.array([3, 1])), whole[[3, 1]])
+
+
+def test_a_longrope_graph_holds_the_original_context_from_either_source(family_dirs, tmp_path):
+    """Phi-4-mini-style configs write ``"type": "longrope"``: from safetensors and from GGUF the rotary table
+    (short factors) covers the original context only, where the long factors would take over."""
+    import onnx
+
+    from edgespec.export.weights.gguf import GGUFSource
+    from edgespec.export.weights.safetensors import SafetensorsSource
+    from edgespec.io.onnx_model import ROTARY_POSITIONS
+
+    d = family_dirs["phi3-longrope"]
+    cfg = json.loads((d / "config.json").read_text())
+    for name, src in (("st", SafetensorsSource(d)), ("gguf", GGUFSource(write_gguf(d, tmp_path / "p.gguf")))):
+        assert src.config.rope_scaling["rope_type"] == "longrope"
+        _graph(src, tmp_path / name)
+        meta = {p.key: p.value for p in onnx.load(str(tmp_path / name / "model.onnx"), load_external_data=False)
+                .metadata_props}
+        assert int(meta[ROTARY_POSITIONS]) == cfg["original_max_position_embeddings"], name
+
+
+def test_missing_tensors_and_unwritable_settings_are_one_line_errors(family_dirs, home, tmp_path):
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from edgespec.errors import EdgespecError
+    from edgespec.export import ExportOptions, export_pair
+    from edgespec.export.pipeline import _default_format
+    from edgespec.export.load import describe
+    from edgespec.export.sources import resolve_model
+
+    d = tmp_path / "cut"
+    shutil.copytree(family_dirs["qwen3"], d)
+    f = next(d.glob("*.safetensors"))
+    tensors = load_file(str(f))
+    del tensors["model.layers.1.mlp.down_proj.weight"]
+    save_file(tensors, str(f))
+    with pytest.raises(EdgespecError, match="no tensor 'model.layers.1.mlp.down_proj.weight'"):
+        export_pair(str(d), str(d), tmp_path / "out", ExportOptions("fp32"), ExportOptions("fp32"))
+    assert not (tmp_path / "out").exists()
+    y = tmp_path / "yarn"
+    shutil.copytree(family_dirs["qwen2"], y)
+    cfg = json.loads((y / "config.json").read_text())
+    cfg["rope_scaling"] = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    (y / "config.json").write_text(json.dumps(cfg))
+    fmt, why = _default_format([describe(resolve_model(str(y)), "target")])
+    assert fmt == 2 and "yarn" in why  # the traced graph (through torch) takes what format 3 cannot write

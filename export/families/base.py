@@ -131,25 +131,27 @@ class Family:
         self.names = set(src.names())
 
     # --- what a family may change ---
+    activations: tuple[str, ...] = ("silu",)  # MLP activations the family writes (:meth:`activation`)
+    partial_rotary = False  # whether it writes heads rotated only in part
+
     @classmethod
     def problem(cls, cfg: ModelConfig) -> str | None:
         """Why a model of this config cannot be written (a phrase), or None."""
         if cfg.head_dim % 16:
             return f"onnxruntime's GroupQueryAttention needs a head size that is a multiple of 16, not {cfg.head_dim}"
-        if cfg.hidden_act not in ("silu",):
+        if cfg.hidden_act not in cls.activations:
             return f"{cfg.architecture} with the {cfg.hidden_act} MLP is not supported"
-        if cfg.partial_rotary_factor != 1.0:
+        if cfg.partial_rotary_factor != 1.0 and not cls.partial_rotary:
             return f"{cfg.architecture} with a partial rotary embedding is not supported"
-        return None
-
-    @staticmethod
-    def rotary_problem(cfg: ModelConfig) -> str | None:
-        """Why GroupQueryAttention cannot rotate this model's heads (its rotary table's width must be a multiple
-        of 8, at most head_dim / 2), or None."""
         half = int(cfg.head_dim * cfg.partial_rotary_factor) // 2
         if half % 8 or half > cfg.head_dim // 2:
             return (f"onnxruntime's GroupQueryAttention cannot rotate {2 * half} of {cfg.head_dim} head values "
                     "(it needs a multiple of 16)")
+        try:  # a rotary scaling the graph cannot write (yarn, dynamic): another format may
+            for kind in set(cfg.layer_types or ("full_attention",)):
+                inv_freq(cfg, kind)
+        except EdgespecError as e:
+            return str(e)
         return None
 
     @staticmethod
@@ -298,7 +300,7 @@ def build(family: Family, ctx: int | None = None, kept: np.ndarray | None = None
     scale = family.embedding_scale()
     if scale is not None:
         h = g.node("Mul", [h, g.init("embed/scale", np.array(scale, np.float32))], "embed/scale")[0]
-    head_tied = "lm_head.weight" not in family.names
+    head_tied = cfg.tie_word_embeddings or "lm_head.weight" not in family.names  # as transformers ties it
     if not head_tied:
         table = None  # read again only if the head is tied to it
     residual, pending = h, None

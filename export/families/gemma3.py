@@ -1,7 +1,7 @@
 """Gemma 3 (text): embeddings scaled by sqrt(hidden), RMSNorms that multiply by 1 + w, a norm after the
 attention and after the MLP as well as before each (four per layer), q/k head norms, the attention scale
-1/sqrt(query_pre_attn_scalar), sliding-window layers (GroupQueryAttention's ``local_window_size``) with their own
-rotary base, and a GELU (tanh) gated MLP."""
+1/sqrt(query_pre_attn_scalar), sliding-window layers (a window mask by position, :meth:`Family.window_bias`) with
+their own rotary base, and a GELU (tanh) gated MLP."""
 
 from __future__ import annotations
 
@@ -14,13 +14,7 @@ from .qwen3 import Qwen3
 class Gemma3(Qwen3):
     architectures = ("gemma3_text",)
 
-    @classmethod
-    def problem(cls, cfg):
-        if cfg.head_dim % 16:
-            return f"onnxruntime's GroupQueryAttention needs a head size that is a multiple of 16, not {cfg.head_dim}"
-        if cfg.hidden_act not in ("gelu_pytorch_tanh", "gelu_tanh"):
-            return f"Gemma 3 with the {cfg.hidden_act} MLP is not supported"
-        return None
+    activations = ("gelu_pytorch_tanh", "gelu_tanh")
 
     def norm(self, name):
         return 1.0 + self.src.get(name)

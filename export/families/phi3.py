@@ -11,17 +11,14 @@ from .base import Family
 class Phi3(Family):
     architectures = ("phi3",)
 
-    @classmethod
-    def problem(cls, cfg):
-        if cfg.head_dim % 16:
-            return f"onnxruntime's GroupQueryAttention needs a head size that is a multiple of 16, not {cfg.head_dim}"
-        if cfg.hidden_act != "silu":
-            return f"Phi-3 with the {cfg.hidden_act} MLP is not supported"
-        return cls.rotary_problem(cfg)
+    partial_rotary = True
 
     def qkv(self, i):
         a = self.p(i) + "self_attn."
+        if a + "qkv_proj.weight" not in self.names:  # a GGUF with q, k and v apart (llama.cpp takes both)
+            return super().qkv(i)
         return self.src.get(a + "qkv_proj.weight"), self.get(a + "qkv_proj.bias")
 
     def gate_up(self, i):
-        return self.src.get(self.p(i) + "mlp.gate_up_proj.weight")
+        m = self.p(i) + "mlp."
+        return self.src.get(m + "gate_up_proj.weight") if m + "gate_up_proj.weight" in self.names else super().gate_up(i)

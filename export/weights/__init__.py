@@ -13,7 +13,7 @@ reference (:mod:`export.reference`) then needs no knowledge of the file format, 
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -32,7 +32,7 @@ class TensorSource(Protocol):
         """The tensor ``name`` as float32 (a new array the caller may keep or drop).
 
         Raises:
-            KeyError: the source has no tensor of that name.
+            KeyError: the source has no tensor of that name (the exporter reports it as an EdgespecError).
         """
 
 
@@ -55,20 +55,13 @@ class DictSource:
 
 class Rows:
     """A 2-D tensor of a source read by rows when sliced (``rows[a:b]``, ``rows[int array]``) through the source's
-    ``get_rows``, so a (V, H) table is never whole in float32: ``shape`` comes from the file's header. Sources
-    without ``get_rows`` are read whole on the first slice."""
+    ``get_rows``, so a (V, H) table is never whole in float32: ``shape`` comes from the file's header."""
 
     def __init__(self, source, name: str, shape: tuple[int, int]):
         self.source, self.name, self.shape = source, name, shape
-        self._whole = None
 
     def __getitem__(self, index) -> np.ndarray:
-        get_rows = getattr(self.source, "get_rows", None)
-        if get_rows is not None:
-            return get_rows(self.name, index)
-        if self._whole is None:
-            self._whole = self.source.get(self.name)
-        return self._whole[index]
+        return self.source.get_rows(self.name, index)
 
 
 def rows(source: TensorSource, name: str) -> "Rows | np.ndarray":
@@ -77,15 +70,6 @@ def rows(source: TensorSource, name: str) -> "Rows | np.ndarray":
     return Rows(source, name, shape) if shape is not None and hasattr(source, "get_rows") else source.get(name)
 
 
-def has(source: TensorSource, name: str, _cache: dict = {}) -> bool:  # noqa: B006 - per-source name sets
-    """Whether ``source`` holds ``name`` (its name list read once per source)."""
-    key = id(source)
-    if key not in _cache or _cache[key][0] is not source:
-        _cache.clear()
-        _cache[key] = (source, set(source.names()))
-    return name in _cache[key][1]
-
-
-def first(source: TensorSource, names: Iterable[str]) -> str | None:
-    """The first of ``names`` that ``source`` holds, or None."""
-    return next((n for n in names if has(source, n)), None)
+def has(source: TensorSource, name: str) -> bool:
+    """Whether ``source`` holds a tensor ``name``."""
+    return name in source.names()

@@ -62,20 +62,6 @@ def _field(reader, key: str, default=None):
     return v
 
 
-def header_architecture(path: Path) -> str:
-    """``general.architecture`` of a GGUF file, read from its header alone (no tensor is touched).
-
-    Raises:
-        EdgespecError: the file is not a readable GGUF.
-    """
-    from gguf import GGUFReader
-
-    try:
-        return str(_field(GGUFReader(str(path)), "general.architecture", "?"))
-    except (ValueError, OSError, IndexError, KeyError) as e:
-        raise EdgespecError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
-
-
 class GGUFSource:
     """The tensors and config of a GGUF file of a supported architecture (module docstring).
 
@@ -100,6 +86,9 @@ class GGUFSource:
             name = hf_name(t.name, self.arch)
             if name is not None:
                 self._tensors[name] = t
+        odd = sorted({t.tensor_type.name for t in self._tensors.values() if not readable(t.tensor_type)})
+        if odd:  # from the header, before any graph is written
+            raise EdgespecError(f"{self.path}: tensor types {', '.join(odd)} cannot be dequantized by the gguf package")
         self.config = self._config()
 
     def _config(self) -> ModelConfig:
@@ -183,19 +172,12 @@ class GGUFSource:
         Raises:
             KeyError: no such tensor. ValueError: a 1-D tensor, or Llama's permuted q/k rows (read them whole).
         """
-        from gguf import GGMLQuantizationType, quants
 
         t = self._tensors[name]
         shape = self.shape(name)
         if len(shape) != 2 or (self.arch == "llama" and ".self_attn." in name):
             raise ValueError(f"{name}: read it whole")
-        data = t.data[index]
-        if t.tensor_type == GGMLQuantizationType.F32:
-            w = np.array(data, dtype=np.float32)
-        elif t.tensor_type == GGMLQuantizationType.F16:
-            w = np.asarray(data).astype(np.float32)
-        else:
-            w = quants.dequantize(np.ascontiguousarray(data), t.tensor_type)
+        w = _dequantize(t, t.data[index])
         if isinstance(index, slice) and index.stop is not None and index.stop >= shape[0]:
             self._release(t)  # the last chunk of a table read in order
         return np.ascontiguousarray(w, dtype=np.float32).reshape(-1, shape[1])
@@ -221,21 +203,10 @@ class GGUFSource:
             KeyError: no such tensor.
             EdgespecError: a quantization type the ``gguf`` package cannot dequantize.
         """
-        from gguf import GGMLQuantizationType, quants
 
         t = self._tensors[name]
         shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims innermost first
-        if t.tensor_type == GGMLQuantizationType.F32:
-            w = np.array(t.data, dtype=np.float32)
-        elif t.tensor_type in (GGMLQuantizationType.F16,):
-            w = np.asarray(t.data).astype(np.float32)
-        else:
-            try:
-                w = quants.dequantize(t.data, t.tensor_type)
-            except (NotImplementedError, ValueError, KeyError) as e:
-                raise EdgespecError(f"{self.path}: tensor {t.name} of type {t.tensor_type.name} cannot be "
-                                    f"dequantized ({e})") from None
-        w = np.ascontiguousarray(w, dtype=np.float32).reshape(shape)
+        w = np.ascontiguousarray(_dequantize(t, t.data), dtype=np.float32).reshape(shape)
         self._release(t)
         if self.arch == "llama" and name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight",
                                                     "self_attn.q_proj.bias", "self_attn.k_proj.bias")):
@@ -244,6 +215,24 @@ class GGUFSource:
         if self.arch == "gemma3" and name.endswith("norm.weight"):
             w -= 1.0
         return w
+
+
+def readable(tensor_type) -> bool:
+    """Whether the ``gguf`` package turns this GGUF tensor type into float32 (F32, F16 and its dequantizers)."""
+    from gguf import GGMLQuantizationType, quants
+
+    return tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16) or tensor_type in quants._type_traits
+
+
+def _dequantize(t, data) -> np.ndarray:
+    """float32 values of ``data`` (all or some rows of GGUF tensor ``t``'s blocks)."""
+    from gguf import GGMLQuantizationType, quants
+
+    if t.tensor_type == GGMLQuantizationType.F32:
+        return np.array(data, dtype=np.float32)
+    if t.tensor_type == GGMLQuantizationType.F16:
+        return np.asarray(data).astype(np.float32)
+    return quants.dequantize(np.ascontiguousarray(data), t.tensor_type)
 
 
 def _page_range(offset: int, length: int, page: int = 4096) -> tuple[int, int]:

@@ -70,19 +70,21 @@ class SafetensorsSource:
             return tuple(f.get_slice(key).get_shape())
 
     def get_rows(self, name: str, index) -> np.ndarray:
-        """Rows ``index`` (a slice or int array) of the 2-D tensor ``name``, float32."""
+        """Rows ``index`` (a slice or int array) of the 2-D tensor ``name``, float32: a slice reads only its
+        rows (bfloat16 included); an int array reads the tensor."""
         from safetensors import safe_open
 
         shard, key = self._where[name]
-        if isinstance(index, slice):
-            with safe_open(str(shard), framework="numpy") as f:
-                part = f.get_slice(key)
-                start, stop, step = index.indices(part.get_shape()[0])  # safetensors does not clamp
-                try:
-                    return np.asarray(part[start:stop:step], dtype=np.float32)
-                except TypeError:  # bfloat16
-                    pass
-        return self.get(name)[index]
+        if not isinstance(index, slice):
+            return self.get(name)[index]
+        with safe_open(str(shard), framework="numpy") as f:
+            part = f.get_slice(key)
+            start, stop, step = index.indices(part.get_shape()[0])  # safetensors does not clamp
+            try:
+                return np.asarray(part[start:stop:step], dtype=np.float32)
+            except TypeError:  # bfloat16
+                pass
+        return _bf16(shard, key, slice(start, stop, step))
 
     def get(self, name: str) -> np.ndarray:
         from safetensors import safe_open
@@ -96,17 +98,22 @@ class SafetensorsSource:
         return _bf16(shard, key)
 
 
-def _bf16(shard: Path, key: str) -> np.ndarray:
-    """A bfloat16 tensor widened to float32 from the file's bytes (numpy has no bfloat16)."""
+def _bf16(shard: Path, key: str, rows: slice = slice(None)) -> np.ndarray:
+    """A bfloat16 tensor (or the rows ``rows`` of its first dimension) widened to float32 from the file's bytes
+    (numpy has no bfloat16): only those rows' bytes are read."""
     import struct
 
     with open(shard, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        info = header[key]
-        start, end = info["data_offsets"]
+        info = json.loads(f.read(n))[key]
         if info["dtype"] != "BF16":
             raise EdgespecError(f"{shard}: tensor {key} has dtype {info['dtype']}, which numpy cannot read")
-        f.seek(8 + n + start)
-        raw = np.frombuffer(f.read(end - start), dtype=np.uint16)
-    return (raw.astype(np.uint32) << 16).view(np.float32).reshape(info["shape"])
+        shape = list(info["shape"])
+        start, stop, step = rows.indices(shape[0] if shape else 1)
+        row = int(np.prod(shape[1:], dtype=np.int64)) * 2 if shape else 2
+        f.seek(8 + n + info["data_offsets"][0] + start * row)
+        raw = np.frombuffer(f.read(max(0, stop - start) * row), dtype=np.uint16)
+    out = (raw.astype(np.uint32) << 16).view(np.float32)
+    if not shape:
+        return out.reshape(())
+    return out.reshape([max(0, stop - start)] + shape[1:])[::step]
