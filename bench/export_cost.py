@@ -326,7 +326,10 @@ def main(argv=None) -> int:
             r = measure_once(target, draft, a.block_size, home, Path(tmp) / "export")
         runs.append(r)
         print(f"export: {r['wall_s']} s, peak RSS {r['peak_rss_mb']} MB", flush=True)
+    from edgespec.bench.runner import cpus
+
     result = {"command": "python bench/export_cost.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "machine": {**cpus(), **_cpu_id()}, "date": time.strftime("%Y-%m-%d"),
               "sources": a.sources or ["default pair recipe"], "block_size": a.block_size, "runs": runs}
     if a.out:
         write_result(a.out, result)

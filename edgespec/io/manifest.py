@@ -31,7 +31,8 @@ class Quantization:
     ``int8`` (8-bit MatMulNBits in graphs streamed from GGUF or safetensors; dynamic QInt8 MatMul in graphs built
     through torch) or ``fp32``. ``lm_head_bits`` is the precision kept for the output head,
     ``embedding_bits`` that of the token embedding table (32: fp32 ``Gather``; 4 or 8: ``GatherBlockQuantized``
-    in blocks of ``block_size``, or of 32 for int8 graphs).
+    in blocks of ``block_size`` where it divides the hidden size, else of the largest power of two below it that
+    does; of 32 in int8 graphs built through torch). The graph's own ``block_size`` attributes are authoritative.
     """
 
     precision: str
