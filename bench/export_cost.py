@@ -233,6 +233,13 @@ def time_layouts(names: list[str], graphs: Path, layers: int, kv: int, hd: int, 
     return out
 
 
+def _provenance() -> dict:
+    """The ``machine`` (CPU model, flags, family and model numbers) and ``date`` a result records."""
+    from edgespec.bench.runner import cpus
+
+    return {"machine": {**cpus(), **_cpu_id()}, "date": time.strftime("%Y-%m-%d")}
+
+
 def _cpu_id() -> dict:
     """The CPU's family and model numbers (/proc/cpuinfo): "AMD EPYC" alone does not tell Zen 4 from Zen 2."""
     try:
@@ -290,8 +297,6 @@ def main(argv=None) -> int:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from llama_server import write_result
 
-        from edgespec.bench.runner import cpus
-
         names = a.layouts.split(",")
         with tempfile.TemporaryDirectory() as tmp:
             graphs = a.graphs or Path(tmp)
@@ -304,8 +309,7 @@ def main(argv=None) -> int:
                 rows = [{**r, **speed.get(r["layout"], {})} for r in rows] or list(speed.values())
         if a.out:
             write_result(a.out, {"command": "python bench/export_cost.py " + " ".join(sys.argv[1:]),
-                                 "machine": {**cpus(), **_cpu_id()}, "date": time.strftime("%Y-%m-%d"),
-                                 "layouts": rows})
+                                 **_provenance(), "layouts": rows})
         return 0
     if a.cmd == "synthetic":
         print(write_synthetic(a.shape, a.out))
@@ -326,10 +330,8 @@ def main(argv=None) -> int:
             r = measure_once(target, draft, a.block_size, home, Path(tmp) / "export")
         runs.append(r)
         print(f"export: {r['wall_s']} s, peak RSS {r['peak_rss_mb']} MB", flush=True)
-    from edgespec.bench.runner import cpus
-
     result = {"command": "python bench/export_cost.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              "machine": {**cpus(), **_cpu_id()}, "date": time.strftime("%Y-%m-%d"),
+              **_provenance(),
               "sources": a.sources or ["default pair recipe"], "block_size": a.block_size, "runs": runs}
     if a.out:
         write_result(a.out, result)
