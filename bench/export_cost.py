@@ -128,15 +128,18 @@ def _link_recipe_ggufs(home: Path) -> None:
 
 
 def parse_layout(name: str):
-    """``b128z+down_proj=8+lm_head=8`` → an :class:`export.families.base.Layout`."""
+    """``b128z+down_proj=8+lm_head=8`` (``edgespec export --layout``'s spelling) → an
+    :class:`export.families.base.Layout`."""
+    from edgespec.errors import EdgespecError
+    from edgespec.export.build import parse_layout as fields
     from edgespec.export.families.base import Layout
 
-    head, *mix = name.split("+")
-    if not head.startswith("b") or not head.rstrip("z")[1:].isdigit():
-        raise SystemExit(f"export_cost: bad layout {name!r} (b32, b128z, b128+down_proj=8, …)")
-    bits = dict((frag, int(b)) for frag, _, b in (m.partition("=") for m in mix))
-    return Layout(block_size=int(head.rstrip("z")[1:]), zero_points=head.endswith("z"),
-                  lm_head_bits=bits.pop("lm_head", None), bits=bits)
+    try:
+        f = fields(name)
+    except EdgespecError as e:
+        raise SystemExit(f"export_cost: {e}") from None
+    return Layout(block_size=f["block_size"], zero_points=f["zero_points"], lm_head_bits=f["lm_head_bits"],
+                  bits=dict(f["tensor_bits"]))
 
 
 def held_ids(tokenizer, n: int = 512):
@@ -154,18 +157,6 @@ def _nll(logits: np.ndarray, ids: np.ndarray) -> float:
     m = x.max(-1, keepdims=True)
     lse = (m + np.log(np.exp(x - m).sum(-1, keepdims=True)))[:, 0]
     return float((lse - x[np.arange(len(x)), ids[1:]]).mean())
-
-
-def _step_ms(lm, rows: int, past: int = 128, calls: int = 15) -> float:
-    ids = np.arange(past + rows, dtype=np.int64) % 1000 + 100
-    times = []
-    for _ in range(calls + 3):
-        cache = lm.new_cache(past + rows + 8)
-        lm.forward(ids[:past], cache, keep=1)
-        t0 = time.perf_counter()
-        lm.forward(ids[past:], cache)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return float(np.median(times[3:]))
 
 
 def measure_layouts(model: str, names: list[str], graphs: Path) -> list[dict]:
@@ -215,19 +206,14 @@ def measure_layouts(model: str, names: list[str], graphs: Path) -> list[dict]:
 
 
 def time_layouts(names: list[str], graphs: Path, layers: int, kv: int, hd: int, repeats: int = 3) -> list[dict]:
-    """ms of a decode step and a 5-row verify after a 128-token past for each written layout, the layouts
-    interleaved ``repeats`` times (the machine's drift then falls on every layout alike); medians."""
-    from edgespec.export.validate import _lm, session
+    """ms of a decode step and a 5-row verify after a 128-token past for each written layout
+    (:func:`export.tune.graph_step_ms`: the layouts interleaved ``repeats`` times, medians)."""
+    from edgespec.export.tune import graph_step_ms
 
-    lms = {n: _lm(session(graphs / n / "model.onnx"), layers, kv, hd, 1024) for n in names}
-    cells = {n: {1: [], 5: []} for n in names}
-    for _ in range(repeats):
-        for n, lm in lms.items():
-            for rows in (1, 5):
-                cells[n][rows].append(_step_ms(lm, rows, calls=7))
+    ms = graph_step_ms({n: graphs / n for n in names}, (layers, kv, hd), (1, 5), repeats=repeats)
     out = []
     for n in names:
-        r = {"layout": n, "step_ms_1": float(np.median(cells[n][1])), "step_ms_5": float(np.median(cells[n][5]))}
+        r = {"layout": n, "step_ms_1": ms[n][1], "step_ms_5": ms[n][5]}
         out.append(r)
         print(f"{n:24s} step {r['step_ms_1']:.1f} ms  5-row verify {r['step_ms_5']:.1f} ms", flush=True)
     return out

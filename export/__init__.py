@@ -2,7 +2,8 @@
 
 Layers, each importing only the ones below it:
 
-- :mod:`.pipeline` — ``edgespec export``: sources → pair check → per-model graph (cached) → export directory;
+- :mod:`.pipeline` — ``edgespec export``: sources → pair check → per-model graph → export directory;
+- :mod:`.build` — one graph: its options, the graph formats a model allows, built once into the graph cache;
 - :mod:`.validate` — the graph against the numpy reference of its weights (:mod:`.reference`), or PyTorch;
 - :mod:`.families` — one file per model family: how its tensors make a decoder (graph format 3);
 - :mod:`.gqa_graph`, :mod:`.kv_int8`, :mod:`.prefill_graph`, :mod:`.quantize` — graph formats and rewrites;
@@ -14,6 +15,7 @@ graph formats 2 (:mod:`.traced_graph`) and 4 need torch and transformers (the ``
 :mod:`edgespec` never imports the exporter.
 """
 
-from .pipeline import ExportOptions, export_pair
+from .build import ExportOptions
+from .pipeline import export_pair
 
 __all__ = ["ExportOptions", "export_pair"]

@@ -1,11 +1,4 @@
-"""``edgespec export``: sources → pair check → per-model graph (cached) → one atomic export directory.
-
-Each graph is built once per (source sha256, export options) into ``<cache>/graphs/<key>/`` — export,
-validate, quantize, validate, then rename — so an interrupted run leaves only a temporary directory and a
-second export of the same sources is a few hard links. Builders of one key take turns on a lock
-(``<key>.lock``), so concurrent exports of one pair wait rather than collide; a cached entry is checked
-(its ``meta.json`` and every file's size and sha256) before use and rebuilt if it does not check out.
-Temporaries of killed runs are swept on the next run.
+"""``edgespec export``: sources → pair check → per-model graph (cached, :mod:`.build`) → the export directory.
 
 The export directory is assembled under ``.OUT.tmp<pid>`` next to ``out`` (manifest written last, with
 every file's size and sha256), then swapped in under a lock (in the user cache); the previous export stays
@@ -16,86 +9,25 @@ without ``force``.
 
 from __future__ import annotations
 
-import gc
 import hashlib
-import json
 import os
 import shutil
-import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
-
-import numpy as np
-import onnx
+from dataclasses import replace
 from pathlib import Path
-
-from tqdm.auto import tqdm
 
 import edgespec
 from edgespec import paths
 from edgespec.errors import EdgespecError
-from edgespec.io.integrity import check_file, sha256_file
-from edgespec.io.manifest import (MANIFEST_NAME, FileEntry, GraphSpec, Manifest, Quantization, SpecialTokens,
-                               graph_spec)
+from edgespec.io.integrity import sha256_file
+from edgespec.io.manifest import MANIFEST_NAME, FileEntry, Manifest, SpecialTokens, graph_spec
 
-from .load import ModelInfo, check_pair, describe, load_weights, weights
-from .quantize import PRECISIONS, quantize
+from .build import DEFAULT_GRAPH_FORMAT, GRAPH_FORMATS, GRAPH_REVISIONS  # noqa: F401 (re-exported, public)
+from .build import (GRAPH_FILES, ExportOptions, _default_format, _link_or_copy, _log, build_graph,
+                    format_problem)
+from .load import ModelInfo, check_pair, describe
 from .sources import Source, resolve_model, resolve_recipe_model
-
-# graph formats: 2 = traced graph with the optional logits_keep input (KV concatenated per step); 3 = written
-# graph with a shared in-place KV buffer and fused GroupQueryAttention (export/gqa_graph.py). A format's
-# number is part of the graph cache key: bump it when that graph changes, to invalidate cached graphs.
-# GRAPH_REVISIONS changes a format's graphs without a new format (the runtime reads both revisions): it is
-# part of the key when present, so graphs of the formats it does not name keep their keys.
-GRAPH_FORMATS = (2, 3, 4)  # 4: format 3 with grouped attention over per-KV-head buffers (export/grouped_graph.py)
-KV_INT8_REVISION = 2  # export/kv_int8.py's rewrite, in the graph cache key of --kv-int8 graphs (2: the prefill
-# graph keeps a float32 cache, and kv_scales.npz)
-GRAPH_REVISIONS = {3: 4}  # format 3, revision 2: the token embedding quantized (GatherBlockQuantized); 3: written
-# from the source weights one tensor at a time (export/families), int8 as 8-bit MatMulNBits, validated against the
-# numpy reference; 4: padded blocks, the embedding's own block, Gemma 3's GGUF settings as llama.cpp reads them.
-# Bump it with every change to what the streamed writers write.
-EMBEDDING_BITS = {"int4": 8, "int8": 8}  # format 3 from revision 2: embedding table bits per graph precision
-DEFAULT_GRAPH_FORMAT = 3  # where the model allows it (format_problem); format 2 stays loadable
-QUANT_POSITIONS = 256
-
-
-@dataclass(frozen=True)
-class ExportOptions:
-    """Per-graph export settings. ``lm_head_bits`` None keeps the head at the graph's precision."""
-
-    precision: str = "int4"
-    block_size: int = 32
-    accuracy_level: int = 4
-    lm_head_bits: int | None = None
-    vocab_size: int | None = None  # prune the lm_head to this many frequent ids (FR-Spec; draft only)
-    graph_format: int | None = None  # None: DEFAULT_GRAPH_FORMAT where both models allow it, else 2
-    prefill_int8: bool = False  # also write the int8 prefill graph (export/prefill_graph.py; int4 only)
-    kv_int8: bool = False  # an int8 KV cache read and written by GroupQueryAttention (export/kv_int8.py; format 3)
-
-    def __post_init__(self):
-        if self.graph_format is not None and self.graph_format not in GRAPH_FORMATS:
-            raise EdgespecError(f"graph format must be one of {', '.join(map(str, GRAPH_FORMATS))}, "
-                                f"not {self.graph_format}")
-        if self.precision not in PRECISIONS:
-            raise EdgespecError(f"precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}")
-        if self.block_size not in (16, 32, 64, 128, 256):
-            raise EdgespecError(f"block size must be 16, 32, 64, 128 or 256, not {self.block_size}")
-        if self.accuracy_level not in (0, 1, 2, 3, 4):
-            raise EdgespecError(f"accuracy level must be 0..4, not {self.accuracy_level}")
-        if self.lm_head_bits not in (None, 4, 8, 32):
-            raise EdgespecError(f"lm_head bits must be 4, 8 or 32, not {self.lm_head_bits}")
-        if self.prefill_int8 and self.precision != "int4":
-            raise EdgespecError(f"an int8 prefill graph needs int4 weights, not {self.precision} "
-                                "(its int8 weights are made from the int4 blocks)")
-        if self.kv_int8 and self.graph_format not in (None, 3):
-            raise EdgespecError(f"an int8 KV cache needs graph format 3, not {self.graph_format}")
-        if self.vocab_size is not None and self.vocab_size < 256:
-            raise EdgespecError(f"a pruned draft vocabulary needs at least 256 ids, not {self.vocab_size}")
-
-
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def _resolve(target: str | None, draft: str | None) -> tuple[str, Source, Source]:
@@ -130,91 +62,6 @@ def _resolve(target: str | None, draft: str | None) -> tuple[str, Source, Source
     return name, sources["target"], sources["draft"]
 
 
-def _cache_key(source: Source, opts: ExportOptions) -> str:
-    o = asdict(opts)
-    if o["vocab_size"] is None:  # absent when unset, so graphs cached before the option existed stay valid
-        del o["vocab_size"]
-    if not o["prefill_int8"]:  # the same
-        del o["prefill_int8"]
-    else:
-        from .prefill_graph import REVISION, REVISIONS
-
-        o["prefill_int8"] = REVISIONS.get(opts.graph_format, REVISION)
-    if not o["kv_int8"]:  # the same
-        del o["kv_int8"]
-    else:
-        o["kv_int8"] = KV_INT8_REVISION
-    graph = o.pop("graph_format")
-    key = {"sha": source.sha256, "opts": o, "graph": graph}
-    if graph in GRAPH_REVISIONS:
-        key["revision"] = GRAPH_REVISIONS[graph]
-    blob = json.dumps(key, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
-
-
-GRAPH_FILES = ("model.onnx", "model.onnx.data", "kept_token_ids.npy", "prefill.onnx", "prefill.onnx.data",
-               "kv_scales.npz")
-KV_SCALES_NAME = "kv_scales.npz"  # an int8 cache's scales, for the runtime's float32 prefill (GraphSpec.kv_scales)
-
-
-def _cached_meta(entry: Path) -> dict | None:
-    """The metadata of a cached graph entry if it checks out (meta.json readable, every file of its
-    ``files`` with the recorded size and sha256), else None: the caller rebuilds it."""
-    try:
-        meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
-        if "files" not in meta and (entry / "model.onnx").is_file():  # built before sizes/hashes were kept
-            meta["files"] = {f: {"size": (entry / f).stat().st_size, "sha256": sha256_file(entry / f)}
-                             for f in GRAPH_FILES if (entry / f).is_file()}
-            paths.write_atomic(entry / "meta.json", json.dumps(meta, indent=2))
-        files = meta["files"]
-        graph_spec({"path": "model.onnx", **meta}, "cached graph")  # the graph schema, checked where it is read
-        named = {"model.onnx"} | {meta[k] for k in ("kept_token_ids", "prefill_path", "kv_scales") if meta.get(k)}
-        if meta.get("prefill_path"):
-            named.add(meta["prefill_path"] + ".data")
-        if named - set(files) or set(files) - set(GRAPH_FILES):  # a graph it names that it does not keep
-            return None
-        for name, f in files.items():
-            check_file(entry / name, FileEntry(int(f["size"]), str(f["sha256"])))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, EdgespecError):
-        return None
-    return meta
-
-
-def format_problem(info: ModelInfo, graph_format: int) -> str | None:
-    """Why ``info``'s model cannot be written as a graph of ``graph_format`` (a phrase), or None.
-
-    Format 3 is written by the model's family (:mod:`.families`) from GGUF files and safetensors directories,
-    and by the torch builder (:mod:`.gqa_graph`, Qwen2 and Llama) from hub ids; format 4 by the torch builder;
-    format 2 is traced (:mod:`.traced_graph`)."""
-    from .families import family_for
-    from .gqa_graph import FORMAT3_ARCHITECTURES
-    from .onnx_graph import SUPPORTED_ARCHITECTURES
-
-    cfg = info.config
-    if graph_format == 2:
-        return None if cfg.architecture in SUPPORTED_ARCHITECTURES else \
-            f"graph format 2 supports {', '.join(SUPPORTED_ARCHITECTURES)}, not {cfg.architecture}"
-    if graph_format == 4 or info.source.kind == "hub":  # the torch builder (export/gqa_graph.py)
-        what = "graph format 4" if graph_format == 4 else "graph format 3 from a hub id"
-        if cfg.architecture not in FORMAT3_ARCHITECTURES:
-            return f"{what} supports {', '.join(FORMAT3_ARCHITECTURES)}, not {cfg.architecture}"
-        if cfg.layer_types is not None or cfg.hidden_act != "silu" or cfg.partial_rotary_factor != 1.0:
-            return f"{what} has no sliding-window layers, partial rotary embedding or MLP other than SiLU"
-        if graph_format == 4:
-            return None  # plain ops: any head size
-    try:
-        return family_for(cfg.architecture).problem(cfg)
-    except EdgespecError as e:
-        return str(e)
-
-
-def _default_format(infos) -> tuple[int, str | None]:
-    """(:data:`DEFAULT_GRAPH_FORMAT`, None) when every model of ``infos`` can be written as a format-3 graph, else
-    (2, why)."""
-    why = next(filter(None, (format_problem(i, DEFAULT_GRAPH_FORMAT) for i in infos)), None)
-    return (2, why) if why else (DEFAULT_GRAPH_FORMAT, None)
-
-
 def _resolve_graph_format(t_opts: ExportOptions, d_opts: ExportOptions, t_info: ModelInfo,
                           d_info: ModelInfo) -> tuple[ExportOptions, ExportOptions]:
     """Options with the graph format decided: an unset one becomes :data:`DEFAULT_GRAPH_FORMAT` when both models
@@ -234,333 +81,6 @@ def _resolve_graph_format(t_opts: ExportOptions, d_opts: ExportOptions, t_info: 
         _log(f"graph format 2: {why}")
     fill = lambda o: o if o.graph_format is not None else replace(o, graph_format=fmt)  # noqa: E731
     return fill(t_opts), fill(d_opts)
-
-
-def build_graph(info: ModelInfo, opts: ExportOptions, role: str, cache: Path | None = None) -> tuple[Path, dict]:
-    """The cached graph directory for ``info`` and ``opts`` (built if absent or broken) and its metadata.
-
-    ``cache`` is the graph cache (default ``<user cache>/graphs``); concurrent builders of one key wait for
-    each other on ``<key>.lock``.
-    """
-    if opts.graph_format is None:
-        opts = replace(opts, graph_format=_default_format((info,))[0])
-    if opts.kv_int8 and opts.graph_format != 3:
-        raise EdgespecError(f"{role}: an int8 KV cache needs graph format 3; this model gets format "
-                            f"{opts.graph_format}")
-    cache = cache or paths.home() / "graphs"
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise EdgespecError(f"{cache}: cannot create the graph cache ({e.strerror or e})") from None
-    final = cache / _cache_key(info.source, opts)
-    with paths.file_lock(cache / f"{final.name}.lock", f"building the {role} graph {final.name}"):
-        paths.sweep_stale(cache)
-        if final.exists():
-            meta = _cached_meta(final)
-            if meta is not None:
-                _log(f"{role}: cached graph {final.name}")
-                return final, meta
-            _log(f"{role}: the cached graph {final.name} is incomplete or corrupt; building it again")
-            paths.remove(final)
-        if opts.kv_int8:
-            base = cache / _cache_key(info.source, replace(opts, kv_int8=False))
-            base_meta = _cached_meta(base) if base.is_dir() else None
-            if base_meta is not None:
-                return _derive_kv_int8(info, role, base, base_meta, final)
-        return _build(info, opts, role, final)
-
-
-def _kv_int8(info: ModelInfo, plain: Path, out_dir: Path, ids: np.ndarray, layers: int, kv: int, hd: int,
-             prefill: Path | None) -> dict:
-    """Write ``out_dir/model.onnx``: the float32-cache graph ``plain`` with an int8 KV cache (:mod:`.kv_int8`,
-    scales calibrated on ``plain``); returns the int8 cache's validation against ``plain`` over ``ids``. With a
-    ``prefill`` graph (which keeps its float32 cache: onnxruntime's int8-cache attention is 4× slower on prompt
-    chunks), also ``out_dir/kv_scales.npz``, the scales the runtime quantizes the prefill's rows with."""
-    from .kv_int8 import calibrate, calibration_ids, rewrite
-    from .validate import validate_float32_prefill, validate_kv_cache
-
-    context = _context(plain, info)
-    calib = calibration_ids(info.tokenizer, ids, info.logits_width, n=max(0, min(768, context - len(ids) - 16)))
-    scales = calibrate(plain, calib, layers, kv, hd)
-    rewrite(plain, scales, out_dir / "model.onnx")
-    val = validate_kv_cache(plain, out_dir / "model.onnx", ids, layers, kv, hd)
-    if prefill is not None:
-        with open(out_dir / KV_SCALES_NAME, "wb") as f:
-            np.savez(f, **scales)
-        val["with_prefill_graph"] = validate_float32_prefill(plain, out_dir / "model.onnx", prefill, scales, ids,
-                                                             layers, kv, hd)
-    return val
-
-
-def _derive_kv_int8(info: ModelInfo, role: str, base: Path, base_meta: dict, final: Path) -> tuple[Path, dict]:
-    """The ``--kv-int8`` graph made from the cached float32-cache graph ``base`` of the same weights and options:
-    its data files hard-linked, its graphs rewritten (:func:`_kv_int8`), in a third of the time of a new
-    export."""
-    from .validate import validation_ids
-
-    tmp = final.with_name(final.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        t0 = time.perf_counter()
-        _log(f"{role}: int8 KV cache from the cached graph {base.name}")
-        spec = graph_spec({"path": "model.onnx", **base_meta}, role)
-        for f in base_meta["files"]:
-            if f != "model.onnx":  # the prefill graph keeps its float32 cache: linked as it is
-                _link_or_copy(base / f, tmp / f)
-        ids = validation_ids(info.tokenizer, QUANT_POSITIONS, info.logits_width)
-        val = dict(base_meta["validation"])
-        val["kv_int8"] = _kv_int8(info, base / "model.onnx", tmp, ids, spec.num_layers, spec.num_kv_heads,
-                                  spec.head_dim, base / spec.prefill_path if spec.prefill_path else None)
-        meta = _commit(tmp, final, {**base_meta, "kv_cache": "int8", "validation": val,
-                                    **(_float32_prefill() if spec.prefill_path else {})}, t0)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    _print_validation(role, meta)
-    return final, meta
-
-
-def _context(graph: Path, info: ModelInfo) -> int:
-    """The positions a graph serves: its rotary table's rows where it records them, else the model's."""
-    from edgespec.io.onnx_model import ROTARY_POSITIONS
-
-    meta = {p.key: p.value for p in onnx.load(str(graph), load_external_data=False).metadata_props}
-    return int(meta.get(ROTARY_POSITIONS, info.config.max_position_embeddings))
-
-
-def _build(info: ModelInfo, opts: ExportOptions, role: str, final: Path) -> tuple[Path, dict]:
-    """Build a graph: streamed from the source weights (:func:`_build_streamed`) where its family writes it,
-    else through transformers and torch (:func:`_build_torch`)."""
-    if opts.graph_format == 3 and info.source.kind != "hub":
-        return _build_streamed(info, opts, role, final)
-    return _build_torch(info, opts, role, final)
-
-
-def _build_streamed(info: ModelInfo, opts: ExportOptions, role: str, final: Path) -> tuple[Path, dict]:
-    """The format-3 graph of a GGUF file or safetensors directory, written one tensor at a time
-    (:mod:`.families`), then validated against the numpy reference of the same weights."""
-    from .families import family_for
-    from .families.base import Layout, build
-    from .gqa_graph import GraphBuilder
-    from .validate import (AGREEMENT_FLOOR, FP32_TOLERANCE, _agreement, graph_logits, reference_logits,
-                           validate_reference, validation_ids)
-
-    tmp = final.with_name(final.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        with tqdm(total=3, desc=f"{role}: write", unit="step", bar_format="{desc} [{n_fmt}/{total_fmt}] {elapsed}") as bar:
-            t0 = time.perf_counter()
-            src = weights(info)
-            cfg = src.config
-            layers, kv, hd = cfg.kv_shape
-            kept, val = None, {}
-            if opts.vocab_size is not None and opts.vocab_size < info.logits_width:
-                from .prune import kept_token_ids
-
-                kept, how = kept_token_ids(info.tokenizer, info.logits_width, opts.vocab_size)
-                np.save(tmp / "kept_token_ids.npy", kept)
-                val["pruned_vocab"] = {"size": int(len(kept)), "source": how}
-            layout = Layout(precision=opts.precision, block_size=opts.block_size, accuracy_level=opts.accuracy_level,
-                            lm_head_bits=opts.lm_head_bits, embedding_bits=EMBEDDING_BITS.get(opts.precision))
-            out = tmp / "model.onnx"
-            g = GraphBuilder(tmp / "model.onnx.data")
-            try:
-                proto = build(family_for(cfg.architecture)(src, layout, g), kept=kept)
-            except KeyError as e:  # a tensor the family needs is not in the file
-                raise EdgespecError(f"{role} {info.source.ref}: the weights have no tensor {e}") from None
-            finally:
-                g.close()
-            onnx.save_model(proto, str(out))
-            ins, outs = [i.name for i in proto.graph.input], [o.name for o in proto.graph.output]
-            del proto
-            gc.collect()
-            bar.set_description(f"{role}: validate against the source"); bar.update()
-            ids = validation_ids(info.tokenizer, QUANT_POSITIONS, info.logits_width)
-            ref = reference_logits(src, ids)
-            val["reference"] = rv = validate_reference(ref, out, ids, layers, kv, hd, kept)
-            if opts.precision == "fp32" and kept is None and rv["max_abs_logit_error"] > FP32_TOLERANCE:
-                raise EdgespecError(f"{role}: the fp32 graph differs from the numpy reference of its weights by "
-                                    f"{rv['max_abs_logit_error']:.2e} (> {FP32_TOLERANCE:g}); not writing a broken "
-                                    "export")
-            if opts.precision != "fp32" and rv["greedy_agreement"] < AGREEMENT_FLOOR:
-                _log(f"warning: {role}: the {opts.precision} graph agrees with its source weights on only "
-                     f"{rv['greedy_agreement']:.1%} of greedy tokens (below {AGREEMENT_FLOOR:.0%}): its answers may "
-                     "differ noticeably from the model's (a finer --block-size, or --lm-head-bits 8, may help)")
-            bar.update()
-            if opts.prefill_int8:
-                from .prefill_graph import PREFILL_NAME, write_prefill_graph
-
-                bar.set_description(f"{role}: int8 prefill graph")
-                write_prefill_graph(tmp)
-                pre = graph_logits(tmp / PREFILL_NAME, ids, layers, kv, hd)
-                val["prefill_int8"] = {"vs_fp32": _agreement(ref if kept is None else ref[:, kept], pre),
-                                       "vs_graph": _agreement(graph_logits(out, ids, layers, kv, hd), pre)}
-            del ref
-            if opts.kv_int8:
-                bar.set_description(f"{role}: int8 KV cache")
-                plain = tmp / "float32-kv.onnx"  # the same graph with a float32 cache, reading the same data file
-                shutil.copy2(out, plain)
-                val["kv_int8"] = _kv_int8(info, plain, tmp, ids, layers, kv, hd,
-                                          tmp / PREFILL_NAME if opts.prefill_int8 else None)
-                plain.unlink()
-            bar.update()
-        meta = _commit(tmp, final, asdict(_spec(info, opts, ins, outs, val, kept, _context(out, info))), t0)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    _print_validation(role, meta)
-    return final, meta
-
-
-def _spec(info: ModelInfo, opts: ExportOptions, ins, outs, val: dict, kept, context: int) -> GraphSpec:
-    """The graph's manifest entry (paths relative to the graph's directory; the export prefixes its role)."""
-    layers, kv, hd = info.config.kv_shape
-    embedding_bits = EMBEDDING_BITS.get(opts.precision) if opts.graph_format >= 3 else None
-    return GraphSpec(
-        path="model.onnx", architecture=info.config.architecture, num_layers=layers, num_kv_heads=kv,
-        head_dim=hd, vocab_size=int(len(kept)) if kept is not None else info.logits_width,
-        context_length=context,
-        quantization=Quantization(opts.precision, opts.block_size if opts.precision == "int4" else None,
-                                  opts.accuracy_level if opts.precision == "int4" else None,
-                                  opts.lm_head_bits or {"int4": 4, "int8": 8}.get(opts.precision, 32),
-                                  embedding_bits or 32),
-        source=info.source.ref, source_sha256=info.source.sha256, input_names=tuple(ins),
-        output_names=tuple(outs), validation=val,
-        kept_token_ids="kept_token_ids.npy" if kept is not None else None, graph_format=opts.graph_format,
-        prefill_path="prefill.onnx" if opts.prefill_int8 else None, kv_cache="int8" if opts.kv_int8 else "float32",
-        **(_float32_prefill() if opts.kv_int8 and opts.prefill_int8 else {}))
-
-
-def _build_torch(info: ModelInfo, opts: ExportOptions, role: str, final: Path) -> tuple[Path, dict]:
-    """A graph through transformers and torch: hub ids, and graph formats 2 (traced) and 4."""
-    from .gqa_graph import export_format3
-    from .onnx_graph import kv_shape
-    from .traced_graph import export_onnx
-    from .validate import FP32_TOLERANCE, validate_fp32, validate_quantized, validation_ids
-
-    tmp = final.with_name(final.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        with tqdm(total=4, desc=f"{role}: convert", unit="step", bar_format="{desc} [{n_fmt}/{total_fmt}] {elapsed}") as bar:
-            t0 = time.perf_counter()
-            model = load_weights(info, role)
-            bar.set_description(f"{role}: export ONNX"); bar.update()
-            fp32 = tmp / "fp32.onnx"
-            if opts.graph_format == 4:
-                from .grouped_graph import GroupedWriter
-
-                ins, outs = export_format3(model, fp32, GroupedWriter)
-            else:
-                ins, outs = (export_format3 if opts.graph_format == 3 else export_onnx)(model, fp32)
-            bar.set_description(f"{role}: validate fp32"); bar.update()
-            layers, kv, hd = kv_shape(model.config)
-            ids = validation_ids(info.tokenizer, QUANT_POSITIONS, info.logits_width)
-            val = {"fp32": validate_fp32(model, fp32, ids)}
-            del model
-            gc.collect()
-            worst = max(val["fp32"][k] for k in ("max_abs_prefill", "max_abs_with_past", "max_abs_past_vs_full"))
-            if worst > FP32_TOLERANCE:
-                raise EdgespecError(f"{role}: fp32 ONNX graph differs from PyTorch by {worst:.2e} "
-                                    f"(> {FP32_TOLERANCE:g}); not writing a broken export")
-            bar.set_description(f"{role}: quantize {opts.precision}"); bar.update()
-            out = tmp / "model.onnx"
-            kept, ref = None, fp32
-            if opts.vocab_size is not None and opts.vocab_size < info.logits_width:
-                from .prune import kept_token_ids, prune_lm_head
-
-                kept, how = kept_token_ids(info.tokenizer, info.logits_width, opts.vocab_size)
-                np.save(tmp / "kept_token_ids.npy", kept)
-                ref = tmp / "full.onnx"
-                quantize(fp32, ref, "fp32")  # a full-vocabulary copy: the reference for the figures below
-                prune_lm_head(fp32, kept)
-                val["pruned_vocab"] = {"size": int(len(kept)), "source": how}
-            embedding_bits = EMBEDDING_BITS.get(opts.precision) if opts.graph_format >= 3 else None
-            quantize(fp32, out, opts.precision, opts.block_size, opts.accuracy_level, opts.lm_head_bits,
-                     embedding_bits)
-            if opts.precision != "fp32" or kept is not None:
-                val["quantized"] = validate_quantized(ref, out, ids, layers, kv, hd, kept)
-            if opts.prefill_int8:
-                from .prefill_graph import PREFILL_NAME, write_prefill_graph
-
-                bar.set_description(f"{role}: int8 prefill graph")
-                write_prefill_graph(tmp)
-                val["prefill_int8"] = {"vs_fp32": validate_quantized(ref, tmp / PREFILL_NAME, ids, layers, kv, hd,
-                                                                     kept),
-                                       "vs_graph": validate_quantized(out, tmp / PREFILL_NAME, ids, layers, kv,
-                                                                      hd)}
-            if opts.kv_int8:
-                bar.set_description(f"{role}: int8 KV cache")
-                plain = tmp / "float32-kv.onnx"  # the same graph with a float32 cache, reading the same data file
-                shutil.copy2(out, plain)
-                val["kv_int8"] = _kv_int8(info, plain, tmp, ids, layers, kv, hd,
-                                          tmp / PREFILL_NAME if opts.prefill_int8 else None)
-                plain.unlink()
-            for f in {fp32, ref}:
-                f.unlink()
-                f.with_name(f.name + ".data").unlink()
-            bar.update()
-        spec = _spec(info, opts, ins, outs, val, kept, int(info.config.max_position_embeddings))
-        meta = _commit(tmp, final, asdict(spec), t0)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    _print_validation(role, meta)
-    return final, meta
-
-
-def _float32_prefill() -> dict:
-    """The manifest fields of an int8 cache whose prefill graph attends in float32 (GraphSpec.prefill_kv_cache)."""
-    return {"prefill_kv_cache": "float32", "kv_scales": KV_SCALES_NAME}
-
-
-def _commit(tmp: Path, final: Path, meta: dict, t0: float) -> dict:
-    """``meta`` with the build time and every graph file's size and sha256, written to ``tmp/meta.json``; then
-    ``tmp`` replaces the cache entry ``final``. Returns the metadata."""
-    meta = {**meta, "build_seconds": round(time.perf_counter() - t0, 1),
-            "files": {f: {"size": (tmp / f).stat().st_size, "sha256": sha256_file(tmp / f)}
-                      for f in GRAPH_FILES if (tmp / f).is_file()}}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    return meta
-
-
-def _print_validation(role: str, meta: dict) -> None:
-    v, precision = meta["validation"], meta["quantization"]["precision"]
-    parts = []
-    if "reference" in v:
-        r = v["reference"]
-        parts.append(f"{precision} graph vs the numpy reference of its weights: greedy agreement "
-                     f"{r['greedy_agreement']:.3f} over {r['positions']} positions, max|Δ logit| "
-                     f"{r['max_abs_logit_error']:.2g}" + (f", KL {r['kl_mean']:.4f}" if "kl_mean" in r else "")
-                     + f"; past vs full {r['max_abs_past_vs_full']:.1e}")
-    if "fp32" in v:
-        f = v["fp32"]
-        parts.append(f"fp32 vs PyTorch max|Δ| prefill {f['max_abs_prefill']:.1e}, with past "
-                     f"{f['max_abs_with_past']:.1e}; past vs full {f['max_abs_past_vs_full']:.1e}")
-    if "quantized" in v:
-        q = v["quantized"]
-        parts.append(f"{precision} greedy agreement {q['greedy_agreement']:.3f} over {q['positions']} positions, "
-                     f"max|Δ logit| {q['max_abs_logit_error']:.2f}")
-    if "prefill_int8" in v:
-        p = v["prefill_int8"]
-        parts.append(f"int8 prefill graph greedy agreement {p['vs_fp32']['greedy_agreement']:.3f} with fp32, "
-                     f"{p['vs_graph']['greedy_agreement']:.3f} with the {precision} graph")
-    if "kv_int8" in v:
-        k = v["kv_int8"]
-        line = (f"int8 KV cache greedy agreement {k['greedy_agreement']:.3f} with the float32 cache, "
-                f"max|Δ logit| {k['max_abs_logit_error']:.2f}")
-        if "with_prefill_graph" in k:
-            line += f" ({k['with_prefill_graph']['greedy_agreement']:.3f} after a prefill on the prefill graph)"
-        parts.append(line)
-    _log(f"{role}: " + "; ".join(parts))
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 EXPORT_FILES = {MANIFEST_NAME, "tokenizer.json", "chat_template.jinja", "target", "draft"}
@@ -601,13 +121,15 @@ def _check_out(out: Path, force: bool = False) -> None:
 
 def export_pair(target: str | None, draft: str | None, out: str | Path | None = None,
                 target_opts: ExportOptions = ExportOptions(), draft_opts: ExportOptions = ExportOptions(),
-                force: bool = False) -> Path:
+                force: bool = False, tune: bool = False, min_agreement: float | None = None) -> Path:
     """Export a draft/target pair into ``out`` (default: the user cache, by pair name); returns ``out``.
 
     ``target``/``draft`` are GGUF files, Hugging Face directories, hub ids or pair recipe names (a recipe on
     one side supplies the other). An existing ``out`` is replaced only if it is an edgespec export holding
-    nothing else, or with ``force``; it stays in place until the new export is complete. Raises
-    EdgespecError for any bad input, before heavy work where possible.
+    nothing else, or with ``force``; it stays in place until the new export is complete. ``tune`` chooses each
+    model's int4 layout by measurement on this machine (:func:`export.tune.tune`; ``min_agreement`` replaces the
+    default layout's accuracy as the floor). Raises EdgespecError for any bad input, before heavy work where
+    possible.
     """
     t0 = time.perf_counter()
     if out is not None:
@@ -626,12 +148,21 @@ def export_pair(target: str | None, draft: str | None, out: str | Path | None = 
     if cache is None:  # no user cache: build the graphs next to the output and drop them afterwards
         scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.graphs", dir=out.parent))
     try:
-        graphs = {role: build_graph(info, opts, role, cache or scratch)
-                  for role, info, opts in (("target", t_info, target_opts), ("draft", d_info, draft_opts))}
+        graphs, why = {}, {}
+        for role, info, opts in (("target", t_info, target_opts), ("draft", d_info, draft_opts)):
+            if tune:
+                from .tune import tune as tune_layout
+
+                opts, gdir, meta = tune_layout(info, opts, role, cache or scratch, min_agreement=min_agreement)
+                graphs[role] = (gdir, meta)
+            else:
+                graphs[role] = build_graph(info, opts, role, cache or scratch)
+            why[role] = opts.chosen_by or ("the default layout" if opts.layout == ExportOptions().layout
+                                           else f"given ({opts.layout})")
         with paths.file_lock(_out_lock(out), f"writing {out}"):
             paths.recover_export(out)
             _check_out(out, force)
-            _assemble(out, name, graphs, t_info, d_info, t0)
+            _assemble(out, name, graphs, t_info, d_info, t0, why)
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -647,8 +178,10 @@ def _out_lock(out: Path) -> Path:
     return (locks / f"export-{key}.lock") if locks is not None else out.parent
 
 
-def _assemble(out: Path, name: str, graphs: dict, t_info: ModelInfo, d_info: ModelInfo, t0: float) -> None:
-    """Write the export under ``.OUT.tmp<pid>`` (manifest last), then swap it in for ``out``."""
+def _assemble(out: Path, name: str, graphs: dict, t_info: ModelInfo, d_info: ModelInfo, t0: float,
+              why: dict[str, str]) -> None:
+    """Write the export under ``.OUT.tmp<pid>`` (manifest last), then swap it in for ``out``; ``why`` is each
+    role's ``Quantization.chosen_by``."""
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -663,7 +196,8 @@ def _assemble(out: Path, name: str, graphs: dict, t_info: ModelInfo, d_info: Mod
             specs[role] = replace(spec, path=f"{role}/{spec.path}", kept_token_ids=spec.kept_token_ids and
                                   f"{role}/{spec.kept_token_ids}",
                                   prefill_path=spec.prefill_path and f"{role}/{spec.prefill_path}",
-                                  kv_scales=spec.kv_scales and f"{role}/{spec.kv_scales}")
+                                  kv_scales=spec.kv_scales and f"{role}/{spec.kv_scales}",
+                                  quantization=replace(spec.quantization, chosen_by=why[role]))
         t_info.tokenizer.backend_tokenizer.save(str(tmp / "tokenizer.json"))
         template = None
         if t_info.chat_template:

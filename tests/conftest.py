@@ -168,7 +168,7 @@ def real_export():
     from edgespec.io import paths
     from edgespec.export import export_pair
 
-    from edgespec.export.pipeline import DEFAULT_GRAPH_FORMAT
+    from edgespec.export.build import DEFAULT_GRAPH_FORMAT
     from edgespec.io.manifest import load_manifest
 
     with user_home():

@@ -18,7 +18,9 @@ LAYERS = {
     "export.families": 3,
     "export.validate": 4, "export.load": 4,
     "export.kv_int8": 5,  # its scales are calibrated by running the graph (export.validate's sessions)
-    "export.pipeline": 6, "export.voice": 6, "export": 7,
+    "export.build": 6, "export.voice": 6,  # export.build: one graph (cached); export.pipeline: the pair around it
+    "export.tune": 6.5,  # builds candidate graphs (export.build) to choose one layout; export.pipeline calls it
+    "export.pipeline": 7, "export": 8,
 }
 
 

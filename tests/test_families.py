@@ -249,7 +249,7 @@ def test_missing_tensors_and_unwritable_settings_are_one_line_errors(family_dirs
 
     from edgespec.errors import EdgespecError
     from edgespec.export import ExportOptions, export_pair
-    from edgespec.export.pipeline import _default_format
+    from edgespec.export.build import _default_format
     from edgespec.export.load import describe
     from edgespec.export.sources import resolve_model
 

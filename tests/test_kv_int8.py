@@ -128,7 +128,7 @@ def test_an_int8_cache_needs_graph_format_3(tmp_path):
 
 def test_the_graph_cache_key_tells_the_kv_caches_apart():
     from edgespec.export import ExportOptions
-    from edgespec.export.pipeline import _cache_key
+    from edgespec.export.build import _cache_key
     from edgespec.export.sources import Source
 
     src = Source(ref="x", kind="hf", path=None, sha256="ab" * 32)

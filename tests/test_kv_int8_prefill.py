@@ -194,7 +194,7 @@ def test_a_prefill_graph_of_the_wrong_cache_type_is_refused(exports, tmp_path):
     export's files) is refused where it loads."""
     bad = tmp_path / "swapped"
     m = _editable_copy(exports["int8"], bad)
-    from export.kv_int8 import rewrite
+    from edgespec.export.kv_int8 import rewrite
 
     lm = _lm(exports["int8"])
     rewrite(bad / "target" / "prefill.onnx", {n: s for n, s in zip(lm._past, lm.kv_scales)})
@@ -249,7 +249,7 @@ def test_the_copy_tracks_the_int8_cache_through_mixed_steps_crops_growth_and_loa
 def test_the_runtime_saturates_as_onnxruntime_does(exports, tmp_path):
     """Scales a sixteenth of the calibrated ones: GroupQueryAttention saturates many rows; the runtime's clip
     bounds and rounding must give the very same int8 values (layer 0, one chunk on an empty cache)."""
-    from export.kv_int8 import rewrite
+    from edgespec.export.kv_int8 import rewrite
 
     d = tmp_path / "tight"
     m = _editable_copy(exports["int8"], d)
@@ -283,7 +283,7 @@ def test_a_kv_scales_file_that_is_not_an_npz_is_refused_in_one_line(exports, tmp
 
 def test_an_old_int8_export_with_an_int8_prefill_graph_still_loads_and_is_lossless(exports, tmp_path):
     """A session-10 export: the prefill graph reads the int8 cache itself, no prefill_kv_cache or kv_scales."""
-    from export.kv_int8 import rewrite
+    from edgespec.export.kv_int8 import rewrite
 
     old = tmp_path / "old"
     m = _editable_copy(exports["int8"], old)

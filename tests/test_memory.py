@@ -203,7 +203,7 @@ def _run(model, ids):
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_quantized_embedding_rows_are_within_half_a_step_of_fp32(bits):
-    from export.quantize import quantize_embedding
+    from edgespec.export.quantize import quantize_embedding
 
     rng = np.random.default_rng(bits)
     table = rng.normal(0, 0.05, (300, 96)).astype(np.float32)
@@ -227,7 +227,7 @@ def test_quantized_embedding_rows_are_within_half_a_step_of_fp32(bits):
 
 
 def test_quantize_embedding_leaves_other_graphs_alone():
-    from export.quantize import quantize_embedding
+    from edgespec.export.quantize import quantize_embedding
 
     model = _gather_graph(np.zeros((10, 40), np.float32))  # 40 is not a multiple of the block size
     assert quantize_embedding(model, 4, block_size=32) is None
@@ -242,7 +242,7 @@ def test_int4_format3_export_quantizes_the_embedding(int4_export, tiny_dirs, tmp
     import onnx
 
     from edgespec.io.onnx_model import OnnxLM
-    from export.quantize import quantize
+    from edgespec.export.quantize import quantize
 
     m = load_manifest(int4_export)
     assert m.target.quantization.embedding_bits == 8 and m.draft.quantization.embedding_bits == 8
@@ -260,7 +260,7 @@ def test_int4_format3_export_quantizes_the_embedding(int4_export, tiny_dirs, tmp
     from transformers import AutoModelForCausalLM
 
     from edgespec.io.onnx_model import session_options
-    from export.gqa_graph import export_format3
+    from edgespec.export.gqa_graph import export_format3
 
     export_format3(AutoModelForCausalLM.from_pretrained(tiny_dirs["target"]).eval(), fp32_graph)
     quantize(fp32_graph, before / "model.onnx", "int4", embedding_bits=None)
@@ -281,14 +281,15 @@ def test_cached_format3_graphs_of_the_fp32_embedding_are_rebuilt_format2_kept():
     import json
     from dataclasses import asdict
 
-    from export.pipeline import GRAPH_REVISIONS, ExportOptions, _cache_key
-    from export.sources import Source
+    from edgespec.export.build import GRAPH_REVISIONS, ExportOptions, _cache_key
+    from edgespec.export.sources import Source
 
     src = Source(ref="x", kind="hf", path=None, sha256="ab" * 32)
 
     def old_key(opts):
         o = asdict(opts)
-        del o["vocab_size"], o["prefill_int8"], o["kv_int8"]  # the key before those options existed
+        for k in ("vocab_size", "prefill_int8", "kv_int8", "zero_points", "tensor_bits", "chosen_by"):
+            del o[k]  # the key before those options existed
         graph = o.pop("graph_format")
         blob = json.dumps({"sha": src.sha256, "opts": o, "graph": graph}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]

@@ -263,7 +263,7 @@ def test_a_prefill_path_must_name_another_graph_beside_the_graph(export, tmp_pat
 def test_a_cached_graph_without_its_prefill_graph_is_built_again(export, home, tmp_path):
     import json
 
-    from edgespec.export.pipeline import _cached_meta
+    from edgespec.export.build import _cached_meta
 
     src = next(e for e in (home / "graphs").iterdir() if (e / "meta.json").is_file()
                and json.loads((e / "meta.json").read_text()).get("prefill_path"))
@@ -298,7 +298,7 @@ def test_the_cli_refuses_a_prefill_graph_it_cannot_build_in_one_line(tiny_dirs, 
 
 def test_the_graph_cache_key_tells_the_prefill_graphs_apart():
     from edgespec.export import ExportOptions
-    from edgespec.export.pipeline import _cache_key
+    from edgespec.export.build import _cache_key
     from edgespec.export.sources import Source
 
     src = Source(ref="x", kind="hf", path=None, sha256="ab" * 32)

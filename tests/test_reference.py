@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from edgespec.errors import EdgespecError
-from export.model_config import ModelConfig
-from export.reference import forward, rotary_inv_freq
-from export.weights import DictSource
+from edgespec.export.model_config import ModelConfig
+from edgespec.export.reference import forward, rotary_inv_freq
+from edgespec.export.weights import DictSource
 from tinyfamilies import FAMILIES, build_hf, write_gguf
 
 T = 12  # prompt length: longer than Gemma 3's window of 4
@@ -65,7 +65,7 @@ def test_reference_matches_transformers(hf_dirs, family):
 
 
 def test_layers_at_once_and_head_chunks_agree(hf_dirs, monkeypatch):
-    import export.reference as reference
+    import edgespec.export.reference as reference
 
     _, source = _load(hf_dirs("qwen3"))
     ids = np.arange(T, dtype=np.int64)

@@ -24,10 +24,26 @@ def add_export_parser(sub) -> None:
     p.add_argument("--precision", choices=("int4", "int8", "fp32"), default="int4")
     p.add_argument("--draft-precision", choices=("int4", "int8", "fp32"), default=None,
                    help="precision of the draft (default: same as --precision)")
-    p.add_argument("--block-size", type=flags.pos_int, default=32, help="int4 block size (default 32)")
+    p.add_argument("--block-size", type=flags.pos_int, default=None, help="int4 block size (default 32)")
     p.add_argument("--accuracy-level", type=flags.nonneg_int, default=4, help="int4 MatMulNBits accuracy level (default 4)")
     p.add_argument("--lm-head-bits", type=int, choices=(4, 8, 32), default=None,
                    help="keep the output head at this many bits")
+    p.add_argument("--layout", metavar="SPEC", default=None,
+                   help="the int4 weight layout of both models in one spelling, b<block>[z][+fragment=bits]…: "
+                        "block 16-256, z for zero points, then the bits (4, 8, 32) of the matmuls whose weight "
+                        "name contains a fragment (down_proj, layers.0., lm_head); e.g. b128z+down_proj=8+lm_head=8 "
+                        "(default b32; docs/export.md)")
+    p.add_argument("--draft-layout", metavar="SPEC", default=None,
+                   help="the draft's layout, when it differs from the target's (it only proposes tokens: a "
+                        "coarser layout costs some acceptance, not output quality)")
+    p.add_argument("--tune", action="store_true",
+                   help="choose each model's int4 layout on this machine: time the candidate layouts' kernels "
+                        "here, then keep the fastest whose greedy agreement and KL against the source weights are "
+                        "at least the default layout's (a few minutes per model; `edgespec info` says what it "
+                        "chose and why)")
+    p.add_argument("--tune-min-agreement", type=float, default=None, metavar="A",
+                   help="with --tune: accept a layout whose greedy agreement with the source weights is at least A "
+                        "(0-1) instead of the default layout's agreement and KL")
     p.add_argument("--draft-vocab", type=flags.pos_int, default=None,
                    help="prune the draft's lm_head to this many frequent token ids (FR-Spec), e.g. 32768")
     p.add_argument("--force", action="store_true",
@@ -69,19 +85,21 @@ def cmd_export(a) -> int:
     except ImportError:
         raise EdgespecError(NO_EXPORTER) from None
     if a.voice:
-        if a.prefill_int8 or a.draft_prefill_int8 or a.kv_int8:
-            flag = ("--prefill-int8" if a.prefill_int8 else "--draft-prefill-int8" if a.draft_prefill_int8
-                    else "--kv-int8")
+        pair_only = {"--prefill-int8": a.prefill_int8, "--draft-prefill-int8": a.draft_prefill_int8,
+                     "--kv-int8": a.kv_int8, "--layout": a.layout, "--draft-layout": a.draft_layout, "--tune": a.tune}
+        flag = next((f for f, v in pair_only.items() if v), None)
+        if flag:
             raise EdgespecError(f"{flag} applies to a pair export, not to --voice")
         from edgespec.export.voice import prepare_moonshine
 
         print(prepare_moonshine(a.out))
         return 0
     fmt = {} if a.graph_format is None else {"graph_format": a.graph_format}
-    t = ExportOptions(a.precision, a.block_size, a.accuracy_level, a.lm_head_bits, **fmt,
-                      prefill_int8=a.prefill_int8, kv_int8=a.kv_int8)
-    d = ExportOptions(a.draft_precision or a.precision, a.block_size, a.accuracy_level, a.lm_head_bits,
-                      a.draft_vocab, **fmt, prefill_int8=a.draft_prefill_int8, kv_int8=a.kv_int8)
+    t_lay, d_lay = _layouts(a)
+    t = ExportOptions(a.precision, accuracy_level=a.accuracy_level, **t_lay, **fmt, prefill_int8=a.prefill_int8,
+                      kv_int8=a.kv_int8)
+    d = ExportOptions(a.draft_precision or a.precision, accuracy_level=a.accuracy_level, vocab_size=a.draft_vocab,
+                      **d_lay, **fmt, prefill_int8=a.draft_prefill_int8, kv_int8=a.kv_int8)
     target, draft = a.target, a.draft
     if a.pair is not None:
         if target or draft:
@@ -91,9 +109,33 @@ def cmd_export(a) -> int:
 
         if a.pair not in models.available():
             raise EdgespecError(f"unknown pair recipe {a.pair!r} (known: {', '.join(models.available())})")
-    out = export_pair(target, draft, a.out, t, d, force=a.force)
+    out = export_pair(target, draft, a.out, t, d, force=a.force, tune=a.tune, min_agreement=a.tune_min_agreement)
     print(out)
     return 0
+
+
+def _layouts(a) -> tuple[dict, dict]:
+    """The target's and the draft's layout fields (:func:`export.build.parse_layout`) from ``--layout``,
+    ``--draft-layout``, ``--block-size`` and ``--lm-head-bits``; a contradiction is an error."""
+    from edgespec.export.build import parse_layout
+
+    if a.tune_min_agreement is not None and not (a.tune and 0 < a.tune_min_agreement <= 1):
+        raise EdgespecError("--tune-min-agreement needs --tune and a value in (0, 1]")
+    if a.tune and (a.layout or a.draft_layout or a.block_size is not None or a.lm_head_bits is not None):
+        raise EdgespecError("--tune chooses the layout itself: drop --layout, --draft-layout, --block-size and "
+                            "--lm-head-bits")
+    if a.tune and "int4" != a.precision or a.tune and (a.draft_precision or "int4") != "int4":
+        raise EdgespecError(f"--tune chooses among int4 layouts; --precision {a.precision}"
+                            + (f" --draft-precision {a.draft_precision}" if a.draft_precision else "")
+                            + " asks for another")
+    if a.layout and (a.block_size is not None or a.lm_head_bits is not None):
+        raise EdgespecError("--layout already gives the block size and the output head's bits: drop --block-size "
+                            "and --lm-head-bits")
+    if a.layout:
+        t = parse_layout(a.layout)
+    else:
+        t = {"block_size": 32 if a.block_size is None else a.block_size, "lm_head_bits": a.lm_head_bits}
+    return t, (parse_layout(a.draft_layout) if a.draft_layout else t)
 
 
 def cmd_info(a) -> int:
@@ -120,12 +162,17 @@ def cmd_info(a) -> int:
         q = g.quantization
         print(f"{role}: {g.architecture}, {g.num_layers} layers, {g.num_kv_heads} KV heads × {g.head_dim}, "
               f"logits {g.vocab_size}, {q.precision}"
-              + (f" (block {q.block_size}, accuracy level {q.accuracy_level})" if q.block_size else "")
+              + (f" (block {q.block_size}{', zero points' if q.zero_points else ''}, accuracy level "
+                 f"{q.accuracy_level})" if q.block_size else "")
+              + "".join(f", {frag} {b} bits" for frag, b in q.tensor_bits.items())
               + f", lm_head {q.lm_head_bits} bits, embedding {q.embedding_bits} bits, graph format {g.graph_format}"
               + (f", KV cache {g.kv_cache}" if g.kv_cache != "float32" else "")
               + (f" (prefill graph {g.prefill_cache_type})" if g.prefill_path and g.prefill_cache_type != g.kv_cache
                  else ""))
         print(f"  source: {g.source}  sha256 {g.source_sha256[:16]}…")
+        if q.chosen_by:
+            print(f"  layout: {q.chosen_by}")
+        _print_tune(g.validation.get("tune"))
         r = g.validation.get("reference")
         if r:
             print(f"  {q.precision} vs {r.get('against', 'the source weights')}: greedy agreement "
@@ -157,6 +204,25 @@ def cmd_info(a) -> int:
     print(f"execution provider: {provider['used']}" + (f" ({why})" if why else
                                                        f" (available here: {', '.join(provider['available'])})"))
     return 0
+
+
+def _print_tune(t: dict | None) -> None:
+    """``edgespec info``'s lines for ``validation["tune"]`` (:func:`export.tune.tune`): each candidate's matmul
+    milliseconds and, where it was built, its accuracy."""
+    if not isinstance(t, dict) or not isinstance(t.get("candidates"), list):
+        return
+    one, k = (t.get("rows") or [1, "K+1"])[:2]
+    print(f"  tuned on {t.get('cpu')}, {t.get('date')}: ms of matmuls per {one}-row step / {k}-row verify")
+    for c in t["candidates"]:
+        try:
+            acc = (f", greedy agreement {c['greedy_agreement']:.3f}"
+                   + (f", KL {c['kl_mean']:.4f}" if c.get("kl_mean") is not None else "")
+                   if "greedy_agreement" in c else "")
+            print(f"    {c['layout']:<28} {c['ms'][0]:7.1f} / {c['ms'][1]:7.1f}{acc}"
+                  + ("  (chosen)" if c.get("chosen") else "  (below the floor)" if c.get("accepted") is False
+                     else ""))
+        except (KeyError, TypeError, ValueError, IndexError):
+            continue
 
 
 def _verify(d: Path, m) -> int:

@@ -33,6 +33,10 @@ class Quantization:
     ``embedding_bits`` that of the token embedding table (32: fp32 ``Gather``; 4 or 8: ``GatherBlockQuantized``
     in blocks of ``block_size`` where it divides the hidden size, else of the largest power of two below it that
     does; of 32 in int8 graphs built through torch). The graph's own ``block_size`` attributes are authoritative.
+    ``zero_points``: the int4 blocks are asymmetric (a uint8 zero point each). ``tensor_bits`` maps a weight-name
+    fragment (``down_proj``, ``layers.0.``) to the bits kept for the matmuls whose name contains it (4, 8 or 32;
+    the first fragment that matches wins). ``chosen_by`` says why the export has this layout (the default, the
+    user's ``--layout``, or ``edgespec export --tune``'s measurements on a named CPU and date).
     """
 
     precision: str
@@ -40,6 +44,9 @@ class Quantization:
     accuracy_level: int | None = None
     lm_head_bits: int = 32
     embedding_bits: int = 32
+    zero_points: bool = False
+    tensor_bits: dict = field(default_factory=dict, hash=False)
+    chosen_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -184,6 +191,10 @@ _KINDS = {
                "a list of token ids (integers ≥ 0)"),
     "names": (lambda v: isinstance(v, (list, tuple)) and all(isinstance(t, str) for t in v), "a list of strings"),
     "object": (lambda v: isinstance(v, dict), "an object"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "bits": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and k and v[k] in (4, 8, 32)
+                                                   and not isinstance(v[k], bool) for k in v),
+             "an object of weight-name fragments to bits (4, 8 or 32)"),
     "number?": (lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
                 "a number or null"),
     "size": (lambda v: _is_int(v) and v >= 0, "a size in bytes (an integer ≥ 0)"),
@@ -211,7 +222,8 @@ def _fields(d: Any, where: str, spec: dict[str, tuple[str, bool]]) -> dict:
 
 PRECISIONS = ("int4", "int8", "fp32")  # what the exporter writes (Quantization)
 _QUANTIZATION = {"precision": ("str", True), "block_size": ("pos?", False), "accuracy_level": ("nonneg?", False),
-                 "lm_head_bits": ("pos", False), "embedding_bits": ("pos", False)}
+                 "lm_head_bits": ("pos", False), "embedding_bits": ("pos", False), "zero_points": ("bool", False),
+                 "tensor_bits": ("bits", False), "chosen_by": ("str?", False)}
 _GRAPH = {"path": ("str", True), "architecture": ("str", True), "num_layers": ("pos", True),
           "num_kv_heads": ("pos", True), "head_dim": ("pos", True), "vocab_size": ("pos", True),
           "context_length": ("pos", True), "quantization": ("object", True), "source": ("str", True),

@@ -1,0 +1,257 @@
+"""``edgespec export --tune``: the weight layout of one graph chosen by measurement on this machine.
+
+Two stages, per model:
+
+1. **Speed.** Each candidate layout's matmuls — the model's own shapes and per-tensor bits (packed Q/K/V, output
+   projection, gate/up, down projection for :data:`TIMED_LAYERS` layers, scaled to the model's depth, and the
+   output head) — as ``MatMulNBits`` over random blocks in one onnxruntime session, timed at 1 row (a decode step)
+   and at K+1 rows (a verify), median of :data:`ROUNDS` runs, the default layout timed first and last. Attention, the
+   norms and the embedding do not depend on the layout and are left out. Random blocks cost what real ones do:
+   the kernels' work depends on the shapes, not the values.
+2. **Accuracy.** The candidates faster than the default layout at both row counts, fastest first, are built as
+   real graphs (:func:`export.build.build_graph`, cached like any export) and validated against the numpy
+   forward of the source weights; the first whose greedy agreement and KL(p_source ‖ p_export) are at least the
+   default's (or whose agreement reaches ``min_agreement``, where given), and whose real decode step then
+   measures faster than the default graph's (:func:`graph_step_ms`), wins. None: the default layout stays.
+
+The result names the CPU and date it was measured on (``Quantization.chosen_by``; the figures in the graph's
+``validation["tune"]``), since another CPU's kernels may rank the layouts differently (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from edgespec.errors import EdgespecError
+
+from .build import ExportOptions, _log, build_graph, parse_layout
+from .load import ModelInfo
+
+# int4 layouts worth measuring: onnxruntime's block sizes, zero points, and the 8-bit output head / down
+# projection that win back accuracy (docs/benchmarks.md, "int4 layouts")
+CANDIDATES = ("b32", "b64", "b64z", "b128", "b128z", "b128z+lm_head=8", "b128z+down_proj=8+lm_head=8", "b256z",
+              "b256z+lm_head=8")
+TIMED_LAYERS = 8  # layers in the timing session (enough to spill any L3 cache), scaled to the model's depth
+ROUNDS = 15
+MIN_GAIN = 0.03  # a candidate must be this much faster than the default at one row to be worth its accuracy risk
+
+
+def cpu_name() -> str:
+    """This machine's CPU model name (``/proc/cpuinfo``), or the platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _matmuls(cfg) -> list[tuple[str, int, int]]:
+    """(name, N, K) of the model's weight matmuls for :data:`TIMED_LAYERS` layers and the output head, named as
+    :mod:`export.families` names them (so per-tensor bits apply as they would)."""
+    h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    out = []
+    for i in range(min(TIMED_LAYERS, cfg.num_layers)):
+        out += [(f"layers.{i}.attn.qkv_proj", q + 2 * kv, h), (f"layers.{i}.attn.o_proj", h, q),
+                (f"layers.{i}.mlp.gate_up_proj", 2 * cfg.intermediate_size, h),
+                (f"layers.{i}.mlp.down_proj", h, cfg.intermediate_size)]
+    return out + [("lm_head", cfg.vocab_size, h)]
+
+
+def _timing_graph(mats: list[tuple[str, int, int]], opts: ExportOptions, path: Path, seed: int = 0) -> Path:
+    """An ONNX graph at ``path`` of the matmuls ``mats`` ((name, N, K), :func:`_matmuls`) in the layout
+    ``opts`` on random blocks: input ``x{K}`` float32 (M, K) for each input width K, one output float32 (M, N)
+    per matmul. The weights go to an external data file beside ``path``."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from .families.base import Layout
+    from .gqa_graph import GraphBuilder
+
+    rng = np.random.default_rng(seed)
+    lay = Layout(block_size=opts.block_size, zero_points=opts.zero_points, lm_head_bits=opts.lm_head_bits,
+                 bits=dict(opts.tensor_bits), accuracy_level=opts.accuracy_level)
+    g = GraphBuilder(path.with_name(path.name + ".data"))
+    outputs = []
+    try:
+        for name, n, k in mats:
+            bits = lay.bits_of(name)
+            if bits == 32:
+                w = rng.standard_normal((k, n), dtype=np.float32)
+                out = g.node("MatMul", [f"x{k}", g.init(f"{name}.weight", w)], name)[0]
+            else:
+                blocks = -(-k // opts.block_size)
+                b = rng.integers(0, 256, (n, blocks, opts.block_size * bits // 8), dtype=np.uint8)
+                ins = [f"x{k}", g.init(f"{name}.B", b),
+                       g.init(f"{name}.scales", rng.random(n * blocks, dtype=np.float32) * 0.02 + 0.001)]
+                if opts.zero_points:
+                    ins.append(g.init(f"{name}.zp", rng.integers(0, 256, n * -(-blocks * bits // 8), dtype=np.uint8)))
+                out = g.node("MatMulNBits", ins, name, domain="com.microsoft", K=k, N=n, bits=bits,
+                             block_size=opts.block_size, accuracy_level=opts.accuracy_level)[0]
+            outputs.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, ["M", n]))
+    finally:
+        g.close()
+    graph = helper.make_graph(g.nodes, "layout_timing",
+                              [helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, ["M", k])
+                               for k in sorted({k for _, _, k in mats})], outputs, initializer=g.inits)
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                            helper.make_opsetid("com.microsoft", 1)]), str(path))
+    return path
+
+
+def _time(path: Path, rows: tuple[int, ...], rounds: int) -> dict[int, float]:
+    """Median milliseconds of one run of the graph at ``path`` per row count (after one warm-up run)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    out = {}
+    for m in rows:
+        feeds = {i.name: rng.standard_normal((m, int(i.name[1:])), dtype=np.float32) for i in sess.get_inputs()}
+        sess.run(None, feeds)
+        times = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            sess.run(None, feeds)
+            times.append((time.perf_counter() - t0) * 1e3)
+        out[m] = float(np.median(times))
+    return out
+
+
+def kernel_ms(cfg, layouts: dict[str, ExportOptions], rows: tuple[int, ...] = (1, 5),
+              rounds: int = ROUNDS) -> tuple[dict[str, dict[int, float]], float]:
+    """Milliseconds of each layout's weight matmuls for a whole forward of ``rows`` rows on this machine's
+    onnxruntime CPU kernels, ``{layout: {rows: ms}}``: :data:`TIMED_LAYERS` layers scaled to ``cfg.num_layers``
+    plus the output head, median of ``rounds`` runs; and the drift, the first layout's one-row time when timed
+    again last over its first time. One layout is in memory at a time; the first one's two timings are averaged,
+    so a machine that drifts in between shows rather than favouring the layouts timed early."""
+    mats = _matmuls(cfg)
+    scale = cfg.num_layers / min(TIMED_LAYERS, cfg.num_layers)
+    order = list(layouts) + [next(iter(layouts))]
+    got: dict[str, list[dict[int, float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="edgespec-tune") as tmp:
+        for i, tag in enumerate(order):
+            one = {}
+            for part, sub in (("layers", mats[:-1]), ("head", mats[-1:])):
+                path = _timing_graph(sub, layouts[tag], Path(tmp) / f"{i}-{part}.onnx")
+                t = _time(path, rows, rounds)
+                for m in rows:
+                    one[m] = one.get(m, 0.0) + t[m] * (scale if part == "layers" else 1.0)
+                for f in Path(tmp).iterdir():
+                    f.unlink()
+            got.setdefault(tag, []).append(one)
+    out = {tag: {m: round(float(np.mean([r[m] for r in runs])), 2) for m in rows} for tag, runs in got.items()}
+    first = got[order[0]]
+    return out, round(first[1][rows[0]] / first[0][rows[0]], 3)
+
+
+def graph_step_ms(graphs: dict[str, Path], kv_shape: tuple[int, int, int], rows: tuple[int, ...] = (1, 5),
+                  past: int = 128, repeats: int = 3, calls: int = 7) -> dict[str, dict[int, float]]:
+    """Milliseconds of one forward of ``rows`` new tokens after a ``past``-token prefix, for each written graph
+    of ``graphs`` ({name: directory holding model.onnx}), through the runtime's own model wrapper: the graphs
+    interleaved ``repeats`` times (drift falls on all alike), median of ``calls`` timed calls each time, then
+    the median over the repeats."""
+    from .validate import _lm, session
+
+    layers, kv, hd = kv_shape
+    lms = {n: _lm(session(d / "model.onnx"), layers, kv, hd, past + max(rows) + 8) for n, d in graphs.items()}
+    ids = np.arange(past + max(rows), dtype=np.int64) % 1000 + 100
+    cells: dict[tuple[str, int], list[float]] = {}
+    for _ in range(repeats):
+        for n, lm in lms.items():
+            for m in rows:
+                times = []
+                for _ in range(calls + 2):
+                    cache = lm.new_cache(past + m + 8)
+                    lm.forward(ids[:past], cache, keep=1)
+                    t0 = time.perf_counter()
+                    lm.forward(ids[past:past + m], cache)
+                    times.append((time.perf_counter() - t0) * 1e3)
+                cells.setdefault((n, m), []).append(float(np.median(times[2:])))
+    return {n: {m: round(float(np.median(cells[n, m])), 2) for m in rows} for n in graphs}
+
+
+def tune(info: ModelInfo, base: ExportOptions, role: str, cache: Path | None = None,
+         candidates: tuple[str, ...] = CANDIDATES, verify_rows: int = 5, max_builds: int = 3,
+         min_agreement: float | None = None) -> tuple[ExportOptions, Path, dict]:
+    """The layout of ``role``'s graph chosen on this machine (module docstring): returns the chosen options
+    (``chosen_by`` set), its cached graph directory and metadata (``validation["tune"]`` holding every
+    candidate's figures). ``base`` gives everything but the layout; the default layout (``ExportOptions()``'s)
+    is the reference. ``max_builds`` bounds the accuracy stage (each build is a full export of the model).
+
+    Raises:
+        EdgespecError: ``base`` is not int4 (the layouts are int4 ones), or a candidate is not a layout.
+    """
+    if base.precision != "int4":
+        raise EdgespecError(f"--tune chooses among int4 layouts; the {role} is {base.precision}")
+    default = replace(base, **parse_layout(ExportOptions().layout))
+    opts = {c: replace(base, **parse_layout(c)) for c in dict.fromkeys((default.layout, *candidates))}
+    when, cpu = datetime.date.today().isoformat(), cpu_name()
+    _log(f"{role}: timing {len(opts)} int4 layouts on this CPU ({cpu}) at 1 and {verify_rows} rows")
+    ms, drift = kernel_ms(info.config, opts, (1, verify_rows))
+    ref = ms[default.layout]
+    d_dir, d_meta = build_graph(info, default, role, cache)
+    floor = d_meta["validation"]["reference"]
+    report = {"cpu": cpu, "date": when, "rows": [1, verify_rows], "default": default.layout, "drift": drift,
+              "floor": {"greedy_agreement": floor["greedy_agreement"], "kl_mean": floor.get("kl_mean")}
+              if min_agreement is None else {"greedy_agreement": min_agreement},
+              "candidates": [{"layout": c, "ms": [ms[c][1], ms[c][verify_rows]]} for c in opts]}
+    rows = {r["layout"]: r for r in report["candidates"]}
+    rows[default.layout].update(greedy_agreement=floor["greedy_agreement"], kl_mean=floor.get("kl_mean"))
+    faster = sorted((c for c in opts if c != default.layout and ms[c][1] <= ref[1] * (1 - MIN_GAIN)
+                     and ms[c][verify_rows] <= ref[verify_rows]), key=lambda c: ms[c][1])
+    chosen, c_dir, c_meta = default, d_dir, d_meta
+    for c in faster[:max_builds]:
+        _log(f"{role}: {c} runs the matmuls in {ms[c][1]:.1f} ms against {ref[1]:.1f} ms at one row; "
+             "measuring its accuracy")
+        g_dir, g_meta = build_graph(info, opts[c], role, cache)
+        v = g_meta["validation"]["reference"]
+        rows[c].update(greedy_agreement=v["greedy_agreement"], kl_mean=v.get("kl_mean"))
+        if min_agreement is not None:
+            ok = v["greedy_agreement"] >= min_agreement
+        else:
+            ok = (v["greedy_agreement"] >= floor["greedy_agreement"]
+                  and v.get("kl_mean", 0.0) <= floor.get("kl_mean", float("inf")))
+        if ok:  # the real graphs confirm the kernels' gain (attention and the rest included)
+            step = graph_step_ms({default.layout: d_dir, c: g_dir}, info.config.kv_shape, (1, verify_rows))
+            rows[default.layout]["step_ms"] = [step[default.layout][1], step[default.layout][verify_rows]]
+            rows[c]["step_ms"] = [step[c][1], step[c][verify_rows]]
+            ok = step[c][1] <= step[default.layout][1] * (1 - MIN_GAIN / 2)
+        rows[c]["accepted"] = ok
+        if ok:
+            chosen, c_dir, c_meta = opts[c], g_dir, g_meta
+            break
+        _drop(g_dir)
+    rows[chosen.layout]["chosen"] = True
+    if chosen is default:
+        tried = [c for c in faster[:max_builds]]
+        why = (f"tuned on {cpu}, {when}: " +
+               (f"no layout both faster than {default.layout} and as accurate (built and measured: "
+                f"{', '.join(tried)})" if tried else
+                f"no layout's kernels faster than {default.layout}'s by {MIN_GAIN:.0%} at 1 and {verify_rows} rows"))
+    else:
+        a, d = rows[chosen.layout], rows[default.layout]
+        why = (f"tuned on {cpu}, {when}: a decode step {a['step_ms'][0]:.1f} ms and a {verify_rows}-row verify "
+               f"{a['step_ms'][1]:.1f} ms against {d['step_ms'][0]:.1f} / {d['step_ms'][1]:.1f} ms at "
+               f"{default.layout}; greedy agreement {a['greedy_agreement']:.3f} (floor "
+               f"{report['floor']['greedy_agreement']:.3f})")
+    _log(f"{role}: {why}")
+    c_meta = {**c_meta, "validation": {**c_meta["validation"], "tune": report}}
+    return replace(chosen, chosen_by=why), c_dir, c_meta
+
+
+def _drop(graph_dir: Path) -> None:
+    """Remove a rejected candidate's cached graph (a full model's weights on disk)."""
+    from edgespec.io import paths
+
+    paths.remove(graph_dir)

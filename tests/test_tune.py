@@ -1,0 +1,201 @@
+"""Weight layouts: the ``--layout`` spelling, graphs written in it (zero points, per-tensor bits), the manifest
+and ``edgespec info`` saying which layout an export has and why, and ``edgespec export --tune`` choosing one."""
+
+import json
+
+import onnx
+import pytest
+from onnx import helper
+
+from edgespec.errors import EdgespecError
+from edgespec.io.manifest import load_manifest
+
+
+@pytest.mark.parametrize("spec", ["b32", "b128z", "b64+down_proj=8", "b256z+layers.0.=8+down_proj=32+lm_head=8",
+                                  "b16+lm_head=4"])
+def test_a_layout_spelling_reads_back_as_itself(spec):
+    from edgespec.export.build import ExportOptions, parse_layout
+
+    assert ExportOptions(**parse_layout(spec)).layout == spec
+
+
+@pytest.mark.parametrize("spec", ["", "b48", "128", "b128x", "b128+down_proj", "b128+down_proj=6",
+                                  "b128+down proj=8", "b64+down_proj=8+down_proj=4", "b512"])
+def test_a_bad_layout_is_one_line_naming_the_syntax(spec):
+    from edgespec.export.build import parse_layout
+
+    with pytest.raises(EdgespecError) as e:
+        parse_layout(spec)
+    assert "\n" not in str(e.value) and "b128z+down_proj=8+lm_head=8" in str(e.value)
+
+
+def test_the_default_layout_keeps_its_graph_cache_key():
+    """Graphs cached before zero points and per-tensor bits existed are still found; each layout has its own key;
+    ``chosen_by`` (the manifest's note) does not change the graph."""
+    import hashlib
+    from dataclasses import asdict
+
+    from edgespec.export.build import GRAPH_REVISIONS, ExportOptions, _cache_key, parse_layout
+    from edgespec.export.sources import Source
+
+    src = Source(ref="x", kind="hf", path=None, sha256="ab" * 32)
+    o = {k: v for k, v in asdict(ExportOptions(graph_format=3)).items()
+         if k not in ("vocab_size", "prefill_int8", "kv_int8", "graph_format", "zero_points", "tensor_bits",
+                      "chosen_by")}
+    old = hashlib.sha256(json.dumps({"sha": src.sha256, "opts": o, "graph": 3, "revision": GRAPH_REVISIONS[3]},
+                                    sort_keys=True).encode()).hexdigest()[:24]
+    assert _cache_key(src, ExportOptions(graph_format=3)) == old
+    assert _cache_key(src, ExportOptions(graph_format=3, chosen_by="tuned")) == old
+    keys = {_cache_key(src, ExportOptions(graph_format=3, **parse_layout(s)))
+            for s in ("b32", "b32z", "b32+down_proj=8", "b32+down_proj=4", "b32+lm_head=8")}
+    assert len(keys) == 5
+
+
+def _nbits_nodes(graph_dir):
+    m = onnx.load(str(graph_dir / "model.onnx"), load_external_data=False)
+    return {n.name: ({a.name: helper.get_attribute_value(a) for a in n.attribute}, list(n.input))
+            for n in m.graph.node if n.op_type == "MatMulNBits"}
+
+
+def test_a_layout_is_written_recorded_and_shown(home, tiny_dirs, tmp_path, capsys):
+    from edgespec.apps.cli import main
+
+    out = tmp_path / "mixed"
+    code = main(["export", "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]),
+                 "--out", str(out), "--layout", "b16z+down_proj=8+lm_head=8", "--draft-layout", "b64"])
+    assert code == 0, capsys.readouterr().err
+    m = load_manifest(out)
+    q, dq = m.target.quantization, m.draft.quantization
+    assert (q.block_size, q.zero_points, q.tensor_bits, q.lm_head_bits) == (16, True, {"down_proj": 8}, 8)
+    assert q.chosen_by == "given (b16z+down_proj=8+lm_head=8)"
+    assert (dq.block_size, dq.zero_points, dq.tensor_bits, dq.lm_head_bits) == (64, False, {}, 4)
+    nodes = _nbits_nodes(out / "target")
+    for name, (attrs, ins) in nodes.items():
+        want = 8 if ("down_proj" in name or name.startswith("lm_head")) else 4
+        assert attrs["bits"] == want and attrs["block_size"] == 16 and len(ins) == 4, name  # 4: zero points
+    assert any("down_proj" in n for n in nodes) and any(n.startswith("lm_head") for n in nodes)
+    assert all(len(ins) == 3 and a["block_size"] == 64 for a, ins in _nbits_nodes(out / "draft").values())
+    assert 0.5 <= m.target.validation["reference"]["greedy_agreement"] <= 1
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "block 16, zero points, accuracy level 4), down_proj 8 bits, lm_head 8 bits" in text
+    assert "layout: given (b16z+down_proj=8+lm_head=8)" in text
+
+
+def test_the_default_layout_says_so(tiny_export, capsys):
+    from edgespec.apps.cli import main
+
+    assert load_manifest(tiny_export).target.quantization.chosen_by == "the default layout"
+    assert main(["info", str(tiny_export)]) == 0
+    assert "layout: the default layout" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,said", [
+    (["--tune", "--layout", "b64"], "--tune chooses the layout itself"),
+    (["--tune", "--block-size", "64"], "--tune chooses the layout itself"),
+    (["--layout", "b64", "--lm-head-bits", "8"], "--layout already gives"),
+    (["--layout", "b64q"], "not a weight layout"),
+    (["--draft-layout", "b64+x=3"], "not a weight layout"),
+    (["--tune-min-agreement", "0.9"], "--tune-min-agreement needs --tune"),
+    (["--tune", "--tune-min-agreement", "1.5"], "--tune-min-agreement needs --tune and a value"),
+    (["--tune", "--precision", "int8"], "--tune chooses among int4 layouts"),
+    (["--layout", "b32z", "--precision", "fp32"], "not fp32"),
+    (["--layout", "b32z", "--graph-format", "2"], "streamed exporter only"),
+    (["--voice", "--tune"], "--tune applies to a pair export"),
+])
+def test_the_cli_refuses_a_layout_it_cannot_honour_in_one_line(home, tiny_dirs, tmp_path, capsys, args, said):
+    from edgespec.apps.cli import main
+
+    code = main(["export", "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]),
+                 "--out", str(tmp_path / "out")] + args)
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "error" in line]
+    assert code == 2 and len(err) == 1 and said in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_kernel_timing_runs_every_layout_at_the_model_shapes():
+    from edgespec.export.build import ExportOptions, parse_layout
+    from edgespec.export.model_config import ModelConfig
+    from edgespec.export.tune import kernel_ms
+
+    cfg = ModelConfig(architecture="qwen2", num_layers=12, hidden_size=256, intermediate_size=512, num_heads=4,
+                      num_kv_heads=2, head_dim=64, vocab_size=1000)
+    lays = {s: ExportOptions(**parse_layout(s)) for s in ("b32", "b128z+down_proj=8+lm_head=8", "b64+lm_head=32")}
+    ms, drift = kernel_ms(cfg, lays, (1, 3), rounds=3)
+    assert set(ms) == set(lays) and all(set(v) == {1, 3} and min(v.values()) > 0 for v in ms.values())
+    assert drift > 0
+
+
+def test_real_graph_steps_are_timed_through_the_runtime(tiny_export):
+    from edgespec.export.tune import graph_step_ms
+
+    m = load_manifest(tiny_export)
+    ms = graph_step_ms({"t": tiny_export / "target", "d": tiny_export / "target"},
+                       (m.target.num_layers, m.target.num_kv_heads, m.target.head_dim), (1, 3), past=16, repeats=1,
+                       calls=2)
+    assert set(ms) == {"t", "d"} and all(v[1] > 0 and v[3] > 0 for v in ms.values())
+
+
+def _fake_timings(monkeypatch, fast: list[str]):
+    """kernel_ms and graph_step_ms stand-ins: the layouts in ``fast`` take half the default's time, the others
+    as long (real timings of a tiny model are noise)."""
+    def kernel_ms(cfg, layouts, rows, rounds=None):
+        return {c: {r: (5.0 if c in fast else 10.0) * r for r in rows} for c in layouts}, 1.0
+
+    def graph_step_ms(graphs, kv_shape, rows):
+        return {c: {r: (5.0 if c in fast else 10.0) * r for r in rows} for c in graphs}
+
+    monkeypatch.setattr("edgespec.export.tune.kernel_ms", kernel_ms)
+    monkeypatch.setattr("edgespec.export.tune.graph_step_ms", graph_step_ms)
+
+
+def test_tune_keeps_the_fastest_layout_that_holds_the_accuracy_floor(home, tiny_dirs, tmp_path, monkeypatch,
+                                                                     capsys):
+    from edgespec.apps.cli import main
+
+    _fake_timings(monkeypatch, ["b64", "b128z"])
+    out = tmp_path / "tuned"
+    assert main(["export", "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]),
+                 "--out", str(out), "--tune", "--tune-min-agreement", "0.01"]) == 0, capsys.readouterr().err
+    m = load_manifest(out)
+    for g in (m.target, m.draft):
+        t = g.validation["tune"]
+        built = [c for c in t["candidates"] if "greedy_agreement" in c]
+        assert g.quantization.chosen_by.startswith("tuned on ") and t["date"] and t["cpu"]
+        assert g.quantization.block_size in (64, 128)  # one of the two faster ones (same speed: either order)
+        assert [c["layout"] for c in t["candidates"] if c.get("chosen")] == [built[-1]["layout"]]
+        assert built[0]["layout"] == "b32" and built[-1]["accepted"] is True
+        assert built[-1]["step_ms"][0] < built[0]["step_ms"][0]
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "tuned on" in text and "(chosen)" in text
+
+
+def test_tune_keeps_the_default_when_nothing_faster_is_as_accurate(home, tiny_dirs, tmp_path, monkeypatch):
+    import edgespec.export.tune as tune
+    from edgespec.export import export_pair
+
+    _fake_timings(monkeypatch, ["b256z", "b128"])
+    built, real = [], tune.build_graph
+
+    def build(info, opts, role, cache=None):
+        d, meta = real(info, opts, role, cache)
+        built.append((role, opts.layout, d))
+        if opts.layout != "b32":  # worse than the default on every measure
+            ref = {**meta["validation"]["reference"], "greedy_agreement": 0.0, "kl_mean": 99.0}
+            meta = {**meta, "validation": {**meta["validation"], "reference": ref}}
+        return d, meta
+
+    monkeypatch.setattr(tune, "build_graph", build)
+    out = export_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), tmp_path / "kept", tune=True)
+    m = load_manifest(out)
+    for g in (m.target, m.draft):
+        q = g.quantization
+        assert (q.block_size, q.zero_points, q.tensor_bits) == (32, False, {})
+        assert "no layout both faster than b32 and as accurate (built and measured: " in q.chosen_by
+        assert [c["accepted"] for c in g.validation["tune"]["candidates"] if "accepted" in c] == [False, False]
+    assert sorted(lay for role, lay, _ in built if role == "target") == ["b128", "b256z", "b32"]
+    for role, lay, d in built:  # rejected candidates leave the graph cache; the default stays
+        assert d.exists() == (lay == "b32"), (role, lay)
