@@ -142,15 +142,6 @@ def parse_layout(name: str):
                   bits=dict(f["tensor_bits"]))
 
 
-def held_ids(tokenizer, n: int = 512):
-    """int64 (n,): tokens of the standard library's ``argparse.py`` from its first class on."""
-    import argparse as mod
-    import inspect
-
-    text = inspect.getsource(mod)
-    return np.array(tokenizer.encode(text[text.index("class "):])[:n], dtype=np.int64)
-
-
 def _nll(logits: np.ndarray, ids: np.ndarray) -> float:
     """Mean negative log-likelihood (nats) of ``ids[1:]`` under ``logits[:-1]`` float32 (T, V)."""
     x = logits[:-1].astype(np.float64)
@@ -170,10 +161,11 @@ def measure_layouts(model: str, names: list[str], graphs: Path) -> list[dict]:
     from edgespec.export.sources import resolve_model
     from edgespec.export.validate import graph_logits
     from edgespec.export.families.base import build
+    from edgespec.export.tune import held_ids
 
     info = describe(resolve_model(model), "target")
     src = gguf_source(str(info.source.path))
-    ids = held_ids(info.tokenizer)
+    ids = held_ids(info.tokenizer, 512)
     layers, kv, hd = src.config.kv_shape
     t0 = time.perf_counter()
     ref = forward(src, ids)

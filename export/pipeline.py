@@ -127,8 +127,9 @@ def export_pair(target: str | None, draft: str | None, out: str | Path | None = 
     ``target``/``draft`` are GGUF files, Hugging Face directories, hub ids or pair recipe names (a recipe on
     one side supplies the other). An existing ``out`` is replaced only if it is an edgespec export holding
     nothing else, or with ``force``; it stays in place until the new export is complete. ``tune`` chooses each
-    model's int4 layout by measurement on this machine (:func:`export.tune.tune`; ``min_agreement`` replaces the
-    default layout's accuracy as the floor). Raises EdgespecError for any bad input, before heavy work where
+    model's int4 layout by measurement on this machine (:func:`export.tune.tune`: the target's, the fastest at
+    the default layout's accuracy or at ``min_agreement``; the draft's, by the speculative decoding speed its
+    acceptance against the chosen target and its step time give). Raises EdgespecError for any bad input, before heavy work where
     possible.
     """
     t0 = time.perf_counter()
@@ -153,7 +154,8 @@ def export_pair(target: str | None, draft: str | None, out: str | Path | None = 
             if tune:
                 from .tune import tune as tune_layout
 
-                opts, gdir, meta = tune_layout(info, opts, role, cache or scratch, min_agreement=min_agreement)
+                opts, gdir, meta = tune_layout(info, opts, role, cache or scratch, min_agreement=min_agreement,
+                                               target=graphs.get("target"))  # the draft: by its acceptance
                 graphs[role] = (gdir, meta)
             else:
                 graphs[role] = build_graph(info, opts, role, cache or scratch)

@@ -44,11 +44,16 @@ MIN_GAIN = 0.03  # a candidate must be this much faster than the default at one 
 
 
 def cpu_name() -> str:
-    """This machine's CPU model name (``/proc/cpuinfo``), or the platform's processor string."""
+    """This machine's CPU: its model name with family and model numbers (``/proc/cpuinfo``; a VM's "Intel Xeon
+    Processor" alone does not tell one generation from another), or the platform's processor string."""
     try:
+        info = {}
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+        if info.get("model name"):
+            return info["model name"] + (f" (family {info['cpu family']} model {info['model']})"
+                                         if info.get("cpu family") and info.get("model") else "")
     except OSError:
         pass
     return platform.processor() or platform.machine()
@@ -181,13 +186,31 @@ def graph_step_ms(graphs: dict[str, Path], kv_shape: tuple[int, int, int], rows:
     return {n: {m: round(float(np.median(cells[n, m])), 2) for m in rows} for n in graphs}
 
 
+def held_ids(tokenizer, n: int = 256) -> np.ndarray:
+    """int64 (n,): tokens of text nobody here wrote — the standard library's ``argparse.py`` from its first class
+    on — to measure a layout's accuracy and a draft's acceptance on."""
+    import argparse as mod
+    import inspect
+
+    text = inspect.getsource(mod)
+    return np.array(tokenizer.encode(text[text.index("class "):], add_special_tokens=False)[:n], dtype=np.int64)
+
+
 def tune(info: ModelInfo, base: ExportOptions, role: str, cache: Path | None = None,
-         candidates: tuple[str, ...] = CANDIDATES, verify_rows: int = 5, max_builds: int = 3,
-         min_agreement: float | None = None) -> tuple[ExportOptions, Path, dict]:
+         candidates: tuple[str, ...] = CANDIDATES, verify_rows: int = 5, max_builds: int = 4,
+         min_agreement: float | None = None, target: tuple[Path, dict] | None = None
+         ) -> tuple[ExportOptions, Path, dict]:
     """The layout of ``role``'s graph chosen on this machine (module docstring): returns the chosen options
     (``chosen_by`` set), its cached graph directory and metadata (``validation["tune"]`` holding every
     candidate's figures). ``base`` gives everything but the layout; the default layout (``ExportOptions()``'s)
     is the reference. ``max_builds`` bounds the accuracy stage (each build is a full export of the model).
+
+    With ``target`` (the chosen target graph's directory and metadata) the model is a draft, judged by what it
+    is for: its greedy acceptance α against the target's graph on held text (:func:`held_ids`) and its real
+    step time give the expected speculative decoding speed, E[tokens per cycle] / (K · draft step + target
+    verify of K + 1 rows), with E = (1 − α^(K+1)) / (1 − α) and K = ``verify_rows`` − 1 (Leviathan et al. 2023,
+    eq. 1); the fastest by that measure wins. The draft's accuracy does not bound the output (the target
+    decides every token), so no floor applies.
 
     Raises:
         EdgespecError: ``base`` is not int4 (the layouts are int4 ones), or a candidate is not a layout.
@@ -201,19 +224,41 @@ def tune(info: ModelInfo, base: ExportOptions, role: str, cache: Path | None = N
     ms, drift = kernel_ms(info.config, opts, (1, verify_rows))
     ref = ms[default.layout]
     d_dir, d_meta = build_graph(info, default, role, cache)
-    floor = d_meta["validation"]["reference"]
     report = {"cpu": cpu, "date": when, "rows": [1, verify_rows], "default": default.layout, "drift": drift,
-              "floor": {"greedy_agreement": floor["greedy_agreement"], "kl_mean": floor.get("kl_mean")}
-              if min_agreement is None else {"greedy_agreement": min_agreement},
               "candidates": [{"layout": c, "ms": [ms[c][1], ms[c][verify_rows]]} for c in opts]}
     rows = {r["layout"]: r for r in report["candidates"]}
-    rows[default.layout].update(greedy_agreement=floor["greedy_agreement"], kl_mean=floor.get("kl_mean"))
     faster = sorted((c for c in opts if c != default.layout and ms[c][1] <= ref[1] * (1 - MIN_GAIN)
                      and ms[c][verify_rows] <= ref[verify_rows]), key=lambda c: ms[c][1])
-    chosen, c_dir, c_meta = default, d_dir, d_meta
-    for c in faster[:max_builds]:
-        _log(f"{role}: {c} runs the matmuls in {ms[c][1]:.1f} ms against {ref[1]:.1f} ms at one row; "
-             "measuring its accuracy")
+    pick = _pick_draft if target is not None else _pick_target
+    chosen, c_dir, c_meta, why = pick(info, opts, default, (d_dir, d_meta), faster, rows, report, role, cache,
+                                      verify_rows=verify_rows, max_builds=max_builds, min_agreement=min_agreement,
+                                      target=target)
+    rows[chosen.layout]["chosen"] = True
+    why = f"tuned on {cpu}, {when}: {why}"
+    _log(f"{role}: {why}")
+    c_meta = {**c_meta, "validation": {**c_meta["validation"], "tune": report}}
+    return replace(chosen, chosen_by=why), c_dir, c_meta
+
+
+def _pick_target(info, opts, default, built, faster, rows, report, role, cache, *, verify_rows, max_builds,
+                 min_agreement, target):
+    """The fastest candidate at the default's accuracy whose real graph confirms the gain (module docstring);
+    returns (options, graph directory, metadata, why)."""
+    d_dir, d_meta = built
+    ms = {c: r["ms"] for c, r in rows.items()}
+    floor = d_meta["validation"]["reference"]
+    report["floor"] = ({"greedy_agreement": floor["greedy_agreement"], "kl_mean": floor.get("kl_mean")}
+                       if min_agreement is None else {"greedy_agreement": min_agreement})
+    rows[default.layout].update(greedy_agreement=floor["greedy_agreement"], kl_mean=floor.get("kl_mean"))
+    tried: list[str] = []
+    for c in faster:
+        if len(tried) == max_builds:
+            break
+        if any(_as_precise(opts[f], opts[c]) for f in tried):  # a layout at least as fine already fell short
+            continue
+        tried.append(c)
+        _log(f"{role}: {c} runs the matmuls in {ms[c][0]:.1f} ms against {ms[default.layout][0]:.1f} ms at one "
+             "row; measuring its accuracy")
         g_dir, g_meta = build_graph(info, opts[c], role, cache)
         v = g_meta["validation"]["reference"]
         rows[c].update(greedy_agreement=v["greedy_agreement"], kl_mean=v.get("kl_mean"))
@@ -224,30 +269,73 @@ def tune(info: ModelInfo, base: ExportOptions, role: str, cache: Path | None = N
                   and v.get("kl_mean", 0.0) <= floor.get("kl_mean", float("inf")))
         if ok:  # the real graphs confirm the kernels' gain (attention and the rest included)
             step = graph_step_ms({default.layout: d_dir, c: g_dir}, info.config.kv_shape, (1, verify_rows))
-            rows[default.layout]["step_ms"] = [step[default.layout][1], step[default.layout][verify_rows]]
-            rows[c]["step_ms"] = [step[c][1], step[c][verify_rows]]
+            for x in (default.layout, c):
+                rows[x]["step_ms"] = [step[x][1], step[x][verify_rows]]
             ok = step[c][1] <= step[default.layout][1] * (1 - MIN_GAIN / 2)
         rows[c]["accepted"] = ok
         if ok:
-            chosen, c_dir, c_meta = opts[c], g_dir, g_meta
-            break
+            a, d = rows[c], rows[default.layout]
+            return opts[c], g_dir, g_meta, (
+                f"a decode step {a['step_ms'][0]:.1f} ms and a {verify_rows}-row verify {a['step_ms'][1]:.1f} ms "
+                f"against {d['step_ms'][0]:.1f} / {d['step_ms'][1]:.1f} ms at {default.layout}; greedy agreement "
+                f"{a['greedy_agreement']:.3f} (floor {report['floor']['greedy_agreement']:.3f})")
         _drop(g_dir)
-    rows[chosen.layout]["chosen"] = True
-    if chosen is default:
-        tried = [c for c in faster[:max_builds]]
-        why = (f"tuned on {cpu}, {when}: " +
-               (f"no layout both faster than {default.layout} and as accurate (built and measured: "
-                f"{', '.join(tried)})" if tried else
-                f"no layout's kernels faster than {default.layout}'s by {MIN_GAIN:.0%} at 1 and {verify_rows} rows"))
-    else:
-        a, d = rows[chosen.layout], rows[default.layout]
-        why = (f"tuned on {cpu}, {when}: a decode step {a['step_ms'][0]:.1f} ms and a {verify_rows}-row verify "
-               f"{a['step_ms'][1]:.1f} ms against {d['step_ms'][0]:.1f} / {d['step_ms'][1]:.1f} ms at "
-               f"{default.layout}; greedy agreement {a['greedy_agreement']:.3f} (floor "
-               f"{report['floor']['greedy_agreement']:.3f})")
-    _log(f"{role}: {why}")
-    c_meta = {**c_meta, "validation": {**c_meta["validation"], "tune": report}}
-    return replace(chosen, chosen_by=why), c_dir, c_meta
+    return default, d_dir, d_meta, (
+        f"no layout both faster than {default.layout} and as accurate (built and measured: {', '.join(tried)})"
+        if tried else f"no layout's kernels faster than {default.layout}'s by {MIN_GAIN:.0%} at 1 and "
+                      f"{verify_rows} rows")
+
+
+def _pick_draft(info, opts, default, built, faster, rows, report, role, cache, *, verify_rows, max_builds,
+                min_agreement, target):
+    """The draft layout of the highest expected speculative decoding speed (:func:`tune`'s docstring); returns
+    (options, graph directory, metadata, why)."""
+    from .validate import graph_logits
+
+    t_dir, t_meta = target
+    t_spec = (t_meta["num_layers"], t_meta["num_kv_heads"], t_meta["head_dim"])
+    ids = held_ids(info.tokenizer)
+    t_top = graph_logits(t_dir / "model.onnx", ids, *t_spec).argmax(-1)
+    if t_meta.get("kept_token_ids"):
+        t_top = np.load(t_dir / t_meta["kept_token_ids"])[t_top]
+    verify = graph_step_ms({"target": t_dir}, t_spec, (verify_rows,))["target"][verify_rows]
+    k = verify_rows - 1
+    report.update(target_verify_ms=verify, k=k, held_tokens=int(len(ids)))
+    graphs = {default.layout: built}
+    for c in faster[:max_builds]:
+        _log(f"{role}: {c} runs the matmuls in {rows[c]['ms'][0]:.1f} ms against "
+             f"{rows[default.layout]['ms'][0]:.1f} ms at one row; measuring its acceptance")
+        graphs[c] = build_graph(info, opts[c], role, cache)
+    step = graph_step_ms({c: d for c, (d, _) in graphs.items()}, info.config.kv_shape, (1,))
+    speed = {}
+    for c, (d, meta) in graphs.items():
+        top = graph_logits(d / "model.onnx", ids, *info.config.kv_shape).argmax(-1)
+        if meta.get("kept_token_ids"):
+            top = np.load(d / meta["kept_token_ids"])[top]
+        alpha = float((top == t_top).mean())
+        tokens = (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else k + 1.0
+        speed[c] = 1e3 * tokens / (k * step[c][1] + verify)
+        rows[c].update(acceptance=round(alpha, 4), step_ms=[step[c][1]], tokens_per_s=round(speed[c], 2))
+    best = max(speed, key=speed.get)
+    for c, (d, _) in graphs.items():
+        if c not in (best, default.layout):
+            _drop(d)
+    b, d = rows[best], rows[default.layout]
+    return opts[best], graphs[best][0], graphs[best][1], (
+        f"greedy acceptance {b['acceptance']:.3f} against the target on {len(ids)} held tokens, a draft step "
+        f"{b['step_ms'][0]:.1f} ms; expected speculative decoding at K={k} {speed[best]:.1f} tok/s"
+        + ("" if best == default.layout else
+           f" against {speed[default.layout]:.1f} at {default.layout} (acceptance {d['acceptance']:.3f}, "
+           f"step {d['step_ms'][0]:.1f} ms)"))
+
+
+def _as_precise(a: ExportOptions, b: ExportOptions) -> bool:
+    """Whether every weight of layout ``a`` is stored at least as finely as in ``b`` (blocks no coarser, zero
+    points where ``b`` has them, no fewer bits for any tensor): then ``b`` is not expected to be more accurate."""
+    names = {f for f, _ in a.tensor_bits} | {f for f, _ in b.tensor_bits} | {"lm_head", "layers.0.mlp.up_proj"}
+    bits = lambda o, n: (o.lm_head_bits or 4) if n == "lm_head" else dict(o.tensor_bits).get(n, 4)  # noqa: E731
+    return (a.block_size <= b.block_size and (a.zero_points or not b.zero_points)
+            and all(bits(a, n) >= bits(b, n) for n in names))
 
 
 def _drop(graph_dir: Path) -> None:

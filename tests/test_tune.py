@@ -159,14 +159,25 @@ def test_tune_keeps_the_fastest_layout_that_holds_the_accuracy_floor(home, tiny_
     assert main(["export", "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]),
                  "--out", str(out), "--tune", "--tune-min-agreement", "0.01"]) == 0, capsys.readouterr().err
     m = load_manifest(out)
-    for g in (m.target, m.draft):
-        t = g.validation["tune"]
-        built = [c for c in t["candidates"] if "greedy_agreement" in c]
-        assert g.quantization.chosen_by.startswith("tuned on ") and t["date"] and t["cpu"]
-        assert g.quantization.block_size in (64, 128)  # one of the two faster ones (same speed: either order)
-        assert [c["layout"] for c in t["candidates"] if c.get("chosen")] == [built[-1]["layout"]]
-        assert built[0]["layout"] == "b32" and built[-1]["accepted"] is True
-        assert built[-1]["step_ms"][0] < built[0]["step_ms"][0]
+    t = m.target.validation["tune"]
+    built = [c for c in t["candidates"] if "greedy_agreement" in c]
+    assert m.target.quantization.chosen_by.startswith("tuned on ") and t["date"] and t["cpu"]
+    assert m.target.quantization.block_size in (64, 128)  # one of the two faster ones (same speed: either order)
+    assert [c["layout"] for c in t["candidates"] if c.get("chosen")] == [built[-1]["layout"]]
+    assert built[0]["layout"] == "b32" and built[-1]["accepted"] is True
+    assert built[-1]["step_ms"][0] < built[0]["step_ms"][0]
+    # the draft: by expected speculative decoding speed (acceptance against the chosen target, step time)
+    dt = m.draft.validation["tune"]
+    scored = {c["layout"]: c for c in dt["candidates"] if "tokens_per_s" in c}
+    assert set(scored) == {"b32", "b64", "b128z"} and dt["k"] == 4 and dt["target_verify_ms"] == 50.0
+    for c in scored.values():
+        k, a = 4, c["acceptance"]
+        tokens = (1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1
+        assert 0 <= a <= 1 and c["tokens_per_s"] == pytest.approx(1e3 * tokens / (k * c["step_ms"][0] + 50), rel=1e-3)
+    best = max(scored, key=lambda c: scored[c]["tokens_per_s"])
+    assert [c for c in scored if scored[c].get("chosen")] == [best]
+    assert m.draft.quantization.block_size == {"b32": 32, "b64": 64, "b128z": 128}[best]
+    assert "expected speculative decoding at K=4" in m.draft.quantization.chosen_by
     capsys.readouterr()
     assert main(["info", str(out)]) == 0
     text = capsys.readouterr().out
@@ -190,12 +201,23 @@ def test_tune_keeps_the_default_when_nothing_faster_is_as_accurate(home, tiny_di
 
     monkeypatch.setattr(tune, "build_graph", build)
     out = export_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), tmp_path / "kept", tune=True)
-    m = load_manifest(out)
-    for g in (m.target, m.draft):
-        q = g.quantization
-        assert (q.block_size, q.zero_points, q.tensor_bits) == (32, False, {})
-        assert "no layout both faster than b32 and as accurate (built and measured: " in q.chosen_by
-        assert [c["accepted"] for c in g.validation["tune"]["candidates"] if "accepted" in c] == [False, False]
+    q, t = load_manifest(out).target.quantization, load_manifest(out).target.validation["tune"]
+    assert (q.block_size, q.zero_points, q.tensor_bits) == (32, False, {})
+    assert "no layout both faster than b32 and as accurate (built and measured: b128, b256z)" in q.chosen_by
+    assert [c["accepted"] for c in t["candidates"] if "accepted" in c] == [False, False]
     assert sorted(lay for role, lay, _ in built if role == "target") == ["b128", "b256z", "b32"]
-    for role, lay, d in built:  # rejected candidates leave the graph cache; the default stays
-        assert d.exists() == (lay == "b32"), (role, lay)
+    for role, lay, d in built:  # rejected target candidates leave the graph cache; the default stays
+        if role == "target":
+            assert d.exists() == (lay == "b32"), lay
+
+
+@pytest.mark.parametrize("a,b,want", [
+    ("b128", "b256", True), ("b128z", "b256z", True), ("b128", "b128z", False), ("b128z", "b128", True),
+    ("b128+lm_head=8", "b128", True), ("b128", "b128+lm_head=8", False), ("b64", "b128+down_proj=8", False),
+    ("b128z+down_proj=8+lm_head=8", "b128z+lm_head=8", True), ("b256z", "b128", False),
+])
+def test_a_layout_that_fell_short_rules_out_the_coarser_ones(a, b, want):
+    from edgespec.export.build import ExportOptions, parse_layout
+    from edgespec.export.tune import _as_precise
+
+    assert _as_precise(ExportOptions(**parse_layout(a)), ExportOptions(**parse_layout(b))) is want

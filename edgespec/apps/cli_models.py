@@ -218,6 +218,11 @@ def _print_tune(t: dict | None) -> None:
             acc = (f", greedy agreement {c['greedy_agreement']:.3f}"
                    + (f", KL {c['kl_mean']:.4f}" if c.get("kl_mean") is not None else "")
                    if "greedy_agreement" in c else "")
+            if "tokens_per_s" in c:  # a draft: judged by the speculative decoding speed it gives
+                acc = (f", acceptance {c['acceptance']:.3f}, step {c['step_ms'][0]:.1f} ms → "
+                       f"{c['tokens_per_s']:.1f} tok/s at K={t.get('k')}")
+            elif c.get("step_ms"):
+                acc += f", graph step {c['step_ms'][0]:.1f} / {c['step_ms'][1]:.1f} ms"
             print(f"    {c['layout']:<28} {c['ms'][0]:7.1f} / {c['ms'][1]:7.1f}{acc}"
                   + ("  (chosen)" if c.get("chosen") else "  (below the floor)" if c.get("accepted") is False
                      else ""))
