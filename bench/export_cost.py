@@ -127,19 +127,21 @@ def _link_recipe_ggufs(home: Path) -> None:
             os.link(f, home / "gguf" / f.name)
 
 
-def parse_layout(name: str):
+def parse_layout(name: str, src=None):
     """``b128z+down_proj=8+lm_head=8`` (``edgespec export --layout``'s spelling) → an
-    :class:`export.families.base.Layout`."""
+    :class:`export.families.base.Layout`; ``src``, the GGUF source that ``+gguf6`` follows."""
     from edgespec.errors import EdgespecError
     from edgespec.export.build import parse_layout as fields
+    from edgespec.export.build import resolve_bits
     from edgespec.export.families.base import Layout
 
     try:
         f = fields(name)
+        bits = resolve_bits(f["tensor_bits"], src)
     except EdgespecError as e:
         raise SystemExit(f"export_cost: {e}") from None
     return Layout(block_size=f["block_size"], zero_points=f["zero_points"], lm_head_bits=f["lm_head_bits"],
-                  bits=dict(f["tensor_bits"]))
+                  bits=bits)
 
 
 def _nll(logits: np.ndarray, ids: np.ndarray) -> float:
@@ -180,7 +182,7 @@ def measure_layouts(model: str, names: list[str], graphs: Path) -> list[dict]:
             t0 = time.perf_counter()
             g = GraphBuilder(d / "model.onnx.data")
             try:
-                proto = build(family_for(src.config.architecture)(src, parse_layout(name), g))
+                proto = build(family_for(src.config.architecture)(src, parse_layout(name, src), g))
             finally:
                 g.close()
             onnx.save_model(proto, str(d / "model.onnx"))

@@ -105,14 +105,46 @@ class ExportOptions:
         return f"b{self.block_size}{'z' if self.zero_points else ''}" + "".join(f"+{f}={b}" for f, b in mix)
 
 
-LAYOUT_SYNTAX = "b<block>[z][+<fragment>=<bits>]…, e.g. b128z+down_proj=8+lm_head=8"
+LAYOUT_SYNTAX = "b<block>[z][+<fragment>=<bits>]…, e.g. b128z+down_proj=8+lm_head=8 or b128z+gguf6=8"
+SOURCE_BITS = "gguf6"  # the fragment that names the matmuls a GGUF stores at 6 bits or more (resolve_bits)
+SOURCE_BITS_FLOOR = 6.0  # bits per weight, scales included: Q6_K (6.56), Q8_0 (8.5), F16; not Q5_0/Q5_K (5.5)
+
+
+def resolve_bits(tensor_bits: tuple[tuple[str, int], ...], src) -> dict[str, int]:
+    """``tensor_bits`` as :class:`export.families.base.Layout` reads them: each fragment as given, except
+    :data:`SOURCE_BITS`, which becomes the names of the matmuls (:func:`export.families.base.matmul_of`) holding
+    a weight the GGUF ``src`` stores at :data:`SOURCE_BITS_FLOOR` bits per weight or more — the tensors a
+    Q4_K_M file keeps at Q6_K (the output head, half the layers' down and value projections) — so a coarse
+    int4 layout keeps the source's own precision where its quantizer judged it needed. Earlier fragments win.
+
+    Raises:
+        EdgespecError: :data:`SOURCE_BITS` with a source that is not a GGUF file (no stored tensor types).
+    """
+    from .families.base import matmul_of
+
+    out: dict[str, int] = {}
+    for frag, bits in tensor_bits:
+        if frag != SOURCE_BITS:
+            out.setdefault(frag, bits)
+            continue
+        if not hasattr(src, "bits_per_weight"):
+            raise EdgespecError(f"+{SOURCE_BITS}={bits} keeps the tensors a GGUF file stores at 6 bits or more; this "
+                                "source is not a GGUF file (name the tensors instead: +down_proj=8)")
+        names = src.names()
+        tied = "lm_head.weight" not in names
+        for name in names:
+            m = matmul_of(name, tied)
+            if m is not None and src.bits_per_weight(name) >= SOURCE_BITS_FLOOR:
+                out.setdefault(m, bits)
+    return out
 
 
 def parse_layout(spec: str) -> dict:
     """The :class:`ExportOptions` fields of a weight layout: ``b<block>`` (32…256), ``z`` for zero points, then
     ``+fragment=bits`` for the matmuls whose weight name contains the fragment (``down_proj``, ``layers.0.``;
-    ``lm_head`` is the output head), bits 4, 8 or 32. Returns ``block_size``, ``zero_points``, ``lm_head_bits``
-    and ``tensor_bits``.
+    ``lm_head`` is the output head; ``gguf6`` the matmuls the source GGUF stores at 6 bits or more,
+    :func:`resolve_bits`), bits 4, 8 or 32. Returns ``block_size``, ``zero_points``, ``lm_head_bits`` and
+    ``tensor_bits``.
 
     Raises:
         EdgespecError: a spelling that is not a layout (one line, with the syntax).
@@ -250,6 +282,10 @@ def build_graph(info: ModelInfo, opts: ExportOptions, role: str, cache: Path | N
                             f"streamed exporter only (graph format 3 from a GGUF file or a model directory); this "
                             f"model gets " + ("a hub download" if info.source.kind == "hub"
                                               else f"graph format {opts.graph_format}"))
+    if any(f == SOURCE_BITS for f, _ in opts.tensor_bits) and info.source.kind != "gguf":
+        raise EdgespecError(f"{role}: the layout {opts.layout} keeps the tensors a GGUF file stores at 6 bits or "
+                            f"more (+{SOURCE_BITS}); {info.source.ref} is not a GGUF file (name the tensors "
+                            "instead: +down_proj=8)")
     cache = cache or paths.home() / "graphs"
     try:
         cache.mkdir(parents=True, exist_ok=True)
@@ -366,7 +402,8 @@ def _build_streamed(info: ModelInfo, opts: ExportOptions, role: str, final: Path
                 val["pruned_vocab"] = {"size": int(len(kept)), "source": how}
             layout = Layout(precision=opts.precision, block_size=opts.block_size, accuracy_level=opts.accuracy_level,
                             zero_points=opts.zero_points, lm_head_bits=opts.lm_head_bits,
-                            embedding_bits=EMBEDDING_BITS.get(opts.precision), bits=dict(opts.tensor_bits))
+                            embedding_bits=EMBEDDING_BITS.get(opts.precision),
+                            bits=resolve_bits(opts.tensor_bits, src))
             out = tmp / "model.onnx"
             g = GraphBuilder(tmp / "model.onnx.data")
             try:

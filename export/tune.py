@@ -8,11 +8,12 @@ Two stages, per model:
    and at K+1 rows (a verify), median of :data:`ROUNDS` runs, the default layout timed first and last. Attention, the
    norms and the embedding do not depend on the layout and are left out. Random blocks cost what real ones do:
    the kernels' work depends on the shapes, not the values.
-2. **Accuracy.** The candidates faster than the default layout at both row counts, fastest first, are built as
-   real graphs (:func:`export.build.build_graph`, cached like any export) and validated against the numpy
-   forward of the source weights; the first whose greedy agreement and KL(p_source ‖ p_export) are at least the
-   default's (or whose agreement reaches ``min_agreement``, where given), and whose real decode step then
-   measures faster than the default graph's (:func:`graph_step_ms`), wins. None: the default layout stays.
+2. **Accuracy.** Among the candidates faster than the default layout at both row counts, the fastest whose
+   greedy agreement and KL(p_source ‖ p_export) are at least the default's (or whose agreement reaches
+   ``min_agreement``, where given) is found by bisection (a faster layout is taken to be no more accurate), each
+   tried one built as a real graph (:func:`export.build.build_graph`, cached like any export) and validated
+   against the numpy forward of the source weights; it wins if its real decode step then measures faster than
+   the default graph's (:func:`graph_step_ms`). None: the default layout stays.
 
 The result names the CPU and date it was measured on (``Quantization.chosen_by``; the figures in the graph's
 ``validation["tune"]``), since another CPU's kernels may rank the layouts differently (docs/benchmarks.md).
@@ -31,13 +32,14 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 
-from .build import ExportOptions, _log, build_graph, parse_layout
-from .load import ModelInfo
+from .build import SOURCE_BITS, ExportOptions, _log, build_graph, parse_layout, resolve_bits
+from .load import ModelInfo, weights
 
-# int4 layouts worth measuring: onnxruntime's block sizes, zero points, and the 8-bit output head / down
-# projection that win back accuracy (docs/benchmarks.md, "int4 layouts")
-CANDIDATES = ("b32", "b64", "b64z", "b128", "b128z", "b128z+lm_head=8", "b128z+down_proj=8+lm_head=8", "b256z",
-              "b256z+lm_head=8")
+# int4 layouts worth measuring: onnxruntime's block sizes, zero points, and 8 bits for the output head or for
+# the tensors a GGUF keeps at 6 bits or more (gguf6: a Q4_K_M file's Q6_K head, down and value projections),
+# which win back accuracy (docs/export.md, "Weight layouts"); the gguf6 ones only for a GGUF source
+CANDIDATES = ("b32", "b64", "b64z", "b128", "b128z", "b128z+lm_head=8", "b256z", "b64z+gguf6=8", "b128z+gguf6=8",
+              "b256z+gguf6=8")
 TIMED_LAYERS = 8  # layers in the timing session (enough to spill any L3 cache), scaled to the model's depth
 ROUNDS = 15
 MIN_GAIN = 0.03  # a candidate must be this much faster than the default at one row to be worth its accuracy risk
@@ -60,21 +62,25 @@ def cpu_name() -> str:
 
 
 def _matmuls(cfg) -> list[tuple[str, int, int]]:
-    """(name, N, K) of the model's weight matmuls for :data:`TIMED_LAYERS` layers and the output head, named as
-    :mod:`export.families` names them (so per-tensor bits apply as they would)."""
+    """(name, N, K) of the model's weight matmuls for :data:`TIMED_LAYERS` layers spread over its depth (first
+    and last included) and the output head, named as :mod:`export.families` names them (so per-tensor bits —
+    a GGUF's Q6_K layers among them — apply as they would)."""
     h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     out = []
-    for i in range(min(TIMED_LAYERS, cfg.num_layers)):
+    for i in sorted({round(j * (cfg.num_layers - 1) / max(TIMED_LAYERS - 1, 1))
+                     for j in range(min(TIMED_LAYERS, cfg.num_layers))}):
         out += [(f"layers.{i}.attn.qkv_proj", q + 2 * kv, h), (f"layers.{i}.attn.o_proj", h, q),
                 (f"layers.{i}.mlp.gate_up_proj", 2 * cfg.intermediate_size, h),
                 (f"layers.{i}.mlp.down_proj", h, cfg.intermediate_size)]
     return out + [("lm_head", cfg.vocab_size, h)]
 
 
-def _timing_graph(mats: list[tuple[str, int, int]], opts: ExportOptions, path: Path, seed: int = 0) -> Path:
+def _timing_graph(mats: list[tuple[str, int, int]], opts: ExportOptions, path: Path, seed: int = 0,
+                  src=None) -> Path:
     """An ONNX graph at ``path`` of the matmuls ``mats`` ((name, N, K), :func:`_matmuls`) in the layout
     ``opts`` on random blocks: input ``x{K}`` float32 (M, K) for each input width K, one output float32 (M, N)
-    per matmul. The weights go to an external data file beside ``path``."""
+    per matmul. The weights go to an external data file beside ``path``. ``src``: the model's weights, for a
+    layout whose bits follow the source's tensor types (:func:`export.build.resolve_bits`)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -83,7 +89,7 @@ def _timing_graph(mats: list[tuple[str, int, int]], opts: ExportOptions, path: P
 
     rng = np.random.default_rng(seed)
     lay = Layout(block_size=opts.block_size, zero_points=opts.zero_points, lm_head_bits=opts.lm_head_bits,
-                 bits=dict(opts.tensor_bits), accuracy_level=opts.accuracy_level)
+                 bits=resolve_bits(opts.tensor_bits, src), accuracy_level=opts.accuracy_level)
     g = GraphBuilder(path.with_name(path.name + ".data"))
     outputs = []
     try:
@@ -134,12 +140,13 @@ def _time(path: Path, rows: tuple[int, ...], rounds: int) -> dict[int, float]:
 
 
 def kernel_ms(cfg, layouts: dict[str, ExportOptions], rows: tuple[int, ...] = (1, 5),
-              rounds: int = ROUNDS) -> tuple[dict[str, dict[int, float]], float]:
+              rounds: int = ROUNDS, src=None) -> tuple[dict[str, dict[int, float]], float]:
     """Milliseconds of each layout's weight matmuls for a whole forward of ``rows`` rows on this machine's
     onnxruntime CPU kernels, ``{layout: {rows: ms}}``: :data:`TIMED_LAYERS` layers scaled to ``cfg.num_layers``
     plus the output head, median of ``rounds`` runs; and the drift, the first layout's one-row time when timed
     again last over its first time. One layout is in memory at a time; the first one's two timings are averaged,
-    so a machine that drifts in between shows rather than favouring the layouts timed early."""
+    so a machine that drifts in between shows rather than favouring the layouts timed early. ``src``: as for
+    :func:`_timing_graph`."""
     mats = _matmuls(cfg)
     scale = cfg.num_layers / min(TIMED_LAYERS, cfg.num_layers)
     order = list(layouts) + [next(iter(layouts))]
@@ -148,7 +155,7 @@ def kernel_ms(cfg, layouts: dict[str, ExportOptions], rows: tuple[int, ...] = (1
         for i, tag in enumerate(order):
             one = {}
             for part, sub in (("layers", mats[:-1]), ("head", mats[-1:])):
-                path = _timing_graph(sub, layouts[tag], Path(tmp) / f"{i}-{part}.onnx")
+                path = _timing_graph(sub, layouts[tag], Path(tmp) / f"{i}-{part}.onnx", src=src)
                 t = _time(path, rows, rounds)
                 for m in rows:
                     one[m] = one.get(m, 0.0) + t[m] * (scale if part == "layers" else 1.0)
@@ -219,9 +226,12 @@ def tune(info: ModelInfo, base: ExportOptions, role: str, cache: Path | None = N
         raise EdgespecError(f"--tune chooses among int4 layouts; the {role} is {base.precision}")
     default = replace(base, **parse_layout(ExportOptions().layout))
     opts = {c: replace(base, **parse_layout(c)) for c in dict.fromkeys((default.layout, *candidates))}
+    if info.source.kind != "gguf":  # no stored tensor types to follow
+        opts = {c: o for c, o in opts.items() if all(f != SOURCE_BITS for f, _ in o.tensor_bits)}
     when, cpu = datetime.date.today().isoformat(), cpu_name()
     _log(f"{role}: timing {len(opts)} int4 layouts on this CPU ({cpu}) at 1 and {verify_rows} rows")
-    ms, drift = kernel_ms(info.config, opts, (1, verify_rows))
+    src = weights(info) if info.source.kind == "gguf" else None
+    ms, drift = kernel_ms(info.config, opts, (1, verify_rows), src=src)
     ref = ms[default.layout]
     d_dir, d_meta = build_graph(info, default, role, cache)
     report = {"cpu": cpu, "date": when, "rows": [1, verify_rows], "default": default.layout, "drift": drift,
@@ -243,7 +253,12 @@ def tune(info: ModelInfo, base: ExportOptions, role: str, cache: Path | None = N
 def _pick_target(info, opts, default, built, faster, rows, report, role, cache, *, verify_rows, max_builds,
                  min_agreement, target):
     """The fastest candidate at the default's accuracy whose real graph confirms the gain (module docstring);
-    returns (options, graph directory, metadata, why)."""
+    returns (options, graph directory, metadata, why).
+
+    The candidates (fastest first) are searched by bisection on the assumption that a faster layout is no more
+    accurate (coarser blocks, fewer bits): at most ``max_builds`` builds for up to 2^max_builds − 1 candidates.
+    Every layout returned was built and validated; where the assumption fails, a faster layout that would have
+    held the floor may go untried, never one below it chosen."""
     d_dir, d_meta = built
     ms = {c: r["ms"] for c, r in rows.items()}
     floor = d_meta["validation"]["reference"]
@@ -251,11 +266,11 @@ def _pick_target(info, opts, default, built, faster, rows, report, role, cache, 
                        if min_agreement is None else {"greedy_agreement": min_agreement})
     rows[default.layout].update(greedy_agreement=floor["greedy_agreement"], kl_mean=floor.get("kl_mean"))
     tried: list[str] = []
-    for c in faster:
-        if len(tried) == max_builds:
-            break
-        if any(_as_precise(opts[f], opts[c]) for f in tried):  # a layout at least as fine already fell short
-            continue
+    best = None  # (layout, graph directory, metadata) of the fastest candidate at the floor so far
+    lo, hi = 0, len(faster) - 1
+    while lo <= hi and len(tried) < max_builds:
+        mid = (lo + hi) // 2
+        c = faster[mid]
         tried.append(c)
         _log(f"{role}: {c} runs the matmuls in {ms[c][0]:.1f} ms against {ms[default.layout][0]:.1f} ms at one "
              "row; measuring its accuracy")
@@ -267,19 +282,31 @@ def _pick_target(info, opts, default, built, faster, rows, report, role, cache, 
         else:
             ok = (v["greedy_agreement"] >= floor["greedy_agreement"]
                   and v.get("kl_mean", 0.0) <= floor.get("kl_mean", float("inf")))
-        if ok:  # the real graphs confirm the kernels' gain (attention and the rest included)
-            step = graph_step_ms({default.layout: d_dir, c: g_dir}, info.config.kv_shape, (1, verify_rows))
-            for x in (default.layout, c):
-                rows[x]["step_ms"] = [step[x][1], step[x][verify_rows]]
-            ok = step[c][1] <= step[default.layout][1] * (1 - MIN_GAIN / 2)
         rows[c]["accepted"] = ok
         if ok:
-            a, d = rows[c], rows[default.layout]
+            if best is not None:
+                rows[best[0]]["accepted"] = False  # a faster one also holds the floor
+                _drop(best[1])
+            best, hi = (c, g_dir, g_meta), mid - 1
+        else:
+            _drop(g_dir)
+            lo = mid + 1
+    if best is not None:  # the real graphs confirm the kernels' gain (attention and the rest included)
+        c, g_dir, g_meta = best
+        step = graph_step_ms({default.layout: d_dir, c: g_dir}, info.config.kv_shape, (1, verify_rows))
+        for x in (default.layout, c):
+            rows[x]["step_ms"] = [step[x][1], step[x][verify_rows]]
+        a, d = rows[c], rows[default.layout]
+        if step[c][1] <= step[default.layout][1] * (1 - MIN_GAIN / 2):
             return opts[c], g_dir, g_meta, (
                 f"a decode step {a['step_ms'][0]:.1f} ms and a {verify_rows}-row verify {a['step_ms'][1]:.1f} ms "
                 f"against {d['step_ms'][0]:.1f} / {d['step_ms'][1]:.1f} ms at {default.layout}; greedy agreement "
                 f"{a['greedy_agreement']:.3f} (floor {report['floor']['greedy_agreement']:.3f})")
+        a["accepted"] = False
         _drop(g_dir)
+        return default, d_dir, d_meta, (
+            f"{c} held the accuracy floor but its real decode step ({a['step_ms'][0]:.1f} ms) was not faster than "
+            f"{default.layout}'s ({d['step_ms'][0]:.1f} ms)")
     return default, d_dir, d_meta, (
         f"no layout both faster than {default.layout} and as accurate (built and measured: {', '.join(tried)})"
         if tried else f"no layout's kernels faster than {default.layout}'s by {MIN_GAIN:.0%} at 1 and "
@@ -327,15 +354,6 @@ def _pick_draft(info, opts, default, built, faster, rows, report, role, cache, *
         + ("" if best == default.layout else
            f" against {speed[default.layout]:.1f} at {default.layout} (acceptance {d['acceptance']:.3f}, "
            f"step {d['step_ms'][0]:.1f} ms)"))
-
-
-def _as_precise(a: ExportOptions, b: ExportOptions) -> bool:
-    """Whether every weight of layout ``a`` is stored at least as finely as in ``b`` (blocks no coarser, zero
-    points where ``b`` has them, no fewer bits for any tensor): then ``b`` is not expected to be more accurate."""
-    names = {f for f, _ in a.tensor_bits} | {f for f, _ in b.tensor_bits} | {"lm_head", "layers.0.mlp.up_proj"}
-    bits = lambda o, n: (o.lm_head_bits or 4) if n == "lm_head" else dict(o.tensor_bits).get(n, 4)  # noqa: E731
-    return (a.block_size <= b.block_size and (a.zero_points or not b.zero_points)
-            and all(bits(a, n) >= bits(b, n) for n in names))
 
 
 def _drop(graph_dir: Path) -> None:

@@ -269,3 +269,38 @@ def test_missing_tensors_and_unwritable_settings_are_one_line_errors(family_dirs
     (y / "config.json").write_text(json.dumps(cfg))
     fmt, why = _default_format([describe(resolve_model(str(y)), "target")])
     assert fmt == 2 and "yarn" in why  # the traced graph (through torch) takes what format 3 cannot write
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gguf6_keeps_the_tensors_the_file_stores_at_six_bits_or_more(family, family_dirs, tmp_path):
+    """``+gguf6=8`` names the matmuls holding a weight the GGUF stores at 6 bits or more: from an F32 file every
+    matmul the family writes (its names are the writers' own), from a Q4_0 file with Q8_0 down projections and
+    layer-0 attention those alone; the graph written with them has exactly those MatMulNBits at 8 bits."""
+    import onnx
+    from onnx import helper
+
+    from edgespec.export.build import resolve_bits
+    from edgespec.export.families import family_for
+    from edgespec.export.families.base import Layout, build
+    from edgespec.export.gqa_graph import GraphBuilder
+    from edgespec.export.weights.gguf import GGUFSource
+
+    def nbits(src, bits):
+        g = GraphBuilder(tmp_path / "model.onnx.data")
+        try:
+            proto = build(family_for(src.config.architecture)(src, Layout(block_size=32, bits=bits), g))
+        finally:
+            g.close()
+        return {n.name.split("/")[0]: {a.name: helper.get_attribute_value(a) for a in n.attribute}["bits"]
+                for n in proto.graph.node if n.op_type == "MatMulNBits"}
+
+    d = family_dirs[family]
+    every = resolve_bits((("gguf6", 8),), GGUFSource(write_gguf(d, tmp_path / "f32.gguf")))
+    assert set(every) == set(nbits(GGUFSource(write_gguf(d, tmp_path / "q4.gguf", "Q4_0")), {}))
+    mixed = GGUFSource(write_gguf(d, tmp_path / "mixed.gguf", "Q4_0", types={"ffn_down": "Q8_0", "blk.0.attn_": "Q8_0"}))
+    layers = mixed.config.num_layers
+    want = {f"layers.{i}.mlp.down_proj" for i in range(layers)} | {"layers.0.attn.qkv_proj", "layers.0.attn.o_proj"}
+    got = resolve_bits((("down_proj", 4), ("gguf6", 8)), mixed)  # an earlier fragment wins
+    assert got == {"down_proj": 4, **{m: 8 for m in want}}
+    written = nbits(mixed, resolve_bits((("gguf6", 8),), mixed))
+    assert {m for m, b in written.items() if b == 8} == want and set(written.values()) == {4, 8}

@@ -103,6 +103,7 @@ def test_the_default_layout_says_so(tiny_export, capsys):
     (["--layout", "b32z", "--precision", "fp32"], "not fp32"),
     (["--layout", "b32z", "--graph-format", "2"], "streamed exporter only"),
     (["--voice", "--tune"], "--tune applies to a pair export"),
+    (["--layout", "b64z+gguf6=8"], "is not a GGUF file"),
 ])
 def test_the_cli_refuses_a_layout_it_cannot_honour_in_one_line(home, tiny_dirs, tmp_path, capsys, args, said):
     from edgespec.apps.cli import main
@@ -140,7 +141,7 @@ def test_real_graph_steps_are_timed_through_the_runtime(tiny_export):
 def _fake_timings(monkeypatch, fast: list[str]):
     """kernel_ms and graph_step_ms stand-ins: the layouts in ``fast`` take half the default's time, the others
     as long (real timings of a tiny model are noise)."""
-    def kernel_ms(cfg, layouts, rows, rounds=None):
+    def kernel_ms(cfg, layouts, rows, rounds=None, src=None):
         return {c: {r: (5.0 if c in fast else 10.0) * r for r in rows} for c in layouts}, 1.0
 
     def graph_step_ms(graphs, kv_shape, rows):
@@ -211,13 +212,41 @@ def test_tune_keeps_the_default_when_nothing_faster_is_as_accurate(home, tiny_di
             assert d.exists() == (lay == "b32"), lay
 
 
-@pytest.mark.parametrize("a,b,want", [
-    ("b128", "b256", True), ("b128z", "b256z", True), ("b128", "b128z", False), ("b128z", "b128", True),
-    ("b128+lm_head=8", "b128", True), ("b128", "b128+lm_head=8", False), ("b64", "b128+down_proj=8", False),
-    ("b128z+down_proj=8+lm_head=8", "b128z+lm_head=8", True), ("b256z", "b128", False),
-])
-def test_a_layout_that_fell_short_rules_out_the_coarser_ones(a, b, want):
-    from edgespec.export.build import ExportOptions, parse_layout
-    from edgespec.export.tune import _as_precise
+def test_the_accuracy_search_bisects_the_faster_layouts(monkeypatch):
+    """Fastest first, a faster layout taken to be no more accurate: 7 candidates cost 3 builds, the fastest
+    one at the floor wins, every one tried but the winner leaves the cache, and the winner's real step decides."""
+    from types import SimpleNamespace
 
-    assert _as_precise(ExportOptions(**parse_layout(a)), ExportOptions(**parse_layout(b))) is want
+    import edgespec.export.tune as tune
+
+    faster = [f"b{i}" for i in range(7)]  # fastest first; b0-b3 below the floor, b4-b6 at it
+    built, dropped = [], []
+
+    def build(info, opts, role, cache=None):
+        built.append(opts.layout)
+        ok = int(opts.layout[1:]) >= 4
+        return opts.layout, {"validation": {"reference": {"greedy_agreement": 0.9 if ok else 0.5, "kl_mean": 0.1}}}
+
+    def step(graphs, kv_shape, rows):
+        return {c: {r: (5.0 if c == "b4" else 10.0) * r for r in rows} for c in graphs}
+
+    monkeypatch.setattr(tune, "build_graph", build)
+    monkeypatch.setattr(tune, "graph_step_ms", step)
+    monkeypatch.setattr(tune, "_drop", dropped.append)
+    opts = {c: SimpleNamespace(layout=c) for c in ["b32", *faster]}
+    rows = {c: {"layout": c, "ms": [1.0, 2.0]} for c in opts}
+    default = opts["b32"]
+    base = {"validation": {"reference": {"greedy_agreement": 0.9, "kl_mean": 0.1}}}
+
+    info = SimpleNamespace(config=SimpleNamespace(kv_shape=(1, 1, 1)))
+    chosen, g_dir, _, why = tune._pick_target(info, opts, default, ("b32-dir", base), faster, rows, {}, "target",
+                                              None, verify_rows=5, max_builds=4, min_agreement=None, target=None)
+    assert built == ["b3", "b5", "b4"] and chosen is opts["b4"] and g_dir == "b4"
+    assert sorted(dropped) == ["b3", "b5"] and rows["b4"]["accepted"] and not rows["b5"]["accepted"]
+    assert "decode step 5.0 ms" in why
+    # at the floor but no faster in the real graph: the default stays, the candidate leaves the cache
+    monkeypatch.setattr(tune, "graph_step_ms", lambda graphs, kv, r: {c: {x: 10.0 for x in r} for c in graphs})
+    built.clear(), dropped.clear()
+    chosen, g_dir, _, why = tune._pick_target(info, opts, default, ("b32-dir", base), faster, rows, {}, "target",
+                                              None, verify_rows=5, max_builds=4, min_agreement=None, target=None)
+    assert chosen is default and g_dir == "b32-dir" and "b4" in dropped and "was not faster" in why

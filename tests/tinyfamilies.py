@@ -107,11 +107,13 @@ def _gemma_vocab_rows(hf_dir: Path) -> int:
 # ---------------------------------------------------------------------------------------------------- GGUF
 
 
-def write_gguf(hf_dir: Path, out: Path, qtype: str | None = None) -> Path:
+def write_gguf(hf_dir: Path, out: Path, qtype: str | None = None, types: dict[str, str] | None = None) -> Path:
     """Convert the Hugging Face model in ``hf_dir`` (:func:`build_hf`) to the GGUF file ``out``, following
     llama.cpp's ``convert_hf_to_gguf.py`` (``TextModel`` and the family's class). ``qtype`` None: every tensor F32
     (llama.cpp ``--outtype f32``); ``"Q8_0"`` / ``"Q4_0"``: 2-D weights quantized with ``gguf.quants.quantize``,
-    1-D tensors (norms, biases, rotary factors) kept F32, as llama.cpp's quantizer keeps them.
+    1-D tensors (norms, biases, rotary factors) kept F32, as llama.cpp's quantizer keeps them. ``types`` maps a
+    fragment of a GGUF tensor name (``ffn_down``, ``blk.0.attn_``) to the type of the 2-D weights it names (the
+    first match), as a Q4_K_M file keeps some tensors at Q6_K.
 
     Conventions reproduced (what a reader must undo):
 
@@ -180,7 +182,8 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str | None = None) -> Path:
         new = tmap.get_name(name, try_suffixes=(".weight", ".bias"))
         if new is None:
             raise ValueError(f"cannot map tensor {name!r}")
-        _add(w, new, t, q)
+        own = next((v for k, v in (types or {}).items() if k in new), None)
+        _add(w, new, t, q if own is None else gguf.GGMLQuantizationType[own])
     for new, t in _extra_tensors(arch, hp):
         _add(w, new, t, None)
     w.write_header_to_file()

@@ -31,7 +31,8 @@ def add_export_parser(sub) -> None:
     p.add_argument("--layout", metavar="SPEC", default=None,
                    help="the int4 weight layout of both models in one spelling, b<block>[z][+fragment=bits]…: "
                         "block 16-256, z for zero points, then the bits (4, 8, 32) of the matmuls whose weight "
-                        "name contains a fragment (down_proj, layers.0., lm_head); e.g. b128z+down_proj=8+lm_head=8 "
+                        "name contains a fragment (down_proj, layers.0., lm_head; gguf6: the tensors the GGUF "
+                        "stores at 6 bits or more); e.g. b128z+down_proj=8+lm_head=8, b128z+gguf6=8 "
                         "(default b32; docs/export.md)")
     p.add_argument("--draft-layout", metavar="SPEC", default=None,
                    help="the draft's layout, when it differs from the target's (it only proposes tokens: a "
@@ -164,7 +165,8 @@ def cmd_info(a) -> int:
               f"logits {g.vocab_size}, {q.precision}"
               + (f" (block {q.block_size}{', zero points' if q.zero_points else ''}, accuracy level "
                  f"{q.accuracy_level})" if q.block_size else "")
-              + "".join(f", {frag} {b} bits" for frag, b in q.tensor_bits.items())
+              + "".join(f", {'tensors the GGUF stores at 6+ bits' if frag == 'gguf6' else frag} {b} bits"
+                        for frag, b in q.tensor_bits.items())
               + f", lm_head {q.lm_head_bits} bits, embedding {q.embedding_bits} bits, graph format {g.graph_format}"
               + (f", KV cache {g.kv_cache}" if g.kv_cache != "float32" else "")
               + (f" (prefill graph {g.prefill_cache_type})" if g.prefill_path and g.prefill_cache_type != g.kv_cache

@@ -61,6 +61,26 @@ class Layout:
         return next((b for frag, b in self.bits.items() if frag in name), base)
 
 
+# a Hugging Face weight → the matmul of format 3 that holds it (``linear``'s names; q/k/v and gate/up are packed)
+_MATMULS = {"self_attn.q_proj": "attn.qkv_proj", "self_attn.k_proj": "attn.qkv_proj", "self_attn.v_proj":
+            "attn.qkv_proj", "self_attn.qkv_proj": "attn.qkv_proj", "self_attn.o_proj": "attn.o_proj",
+            "mlp.gate_proj": "mlp.gate_up_proj", "mlp.up_proj": "mlp.gate_up_proj", "mlp.gate_up_proj":
+            "mlp.gate_up_proj", "mlp.down_proj": "mlp.down_proj"}
+
+
+def matmul_of(weight: str, tied_head: bool = False) -> str | None:
+    """The name :func:`linear` gives the matmul holding the Hugging Face weight ``weight``
+    (``model.layers.3.self_attn.v_proj.weight`` → ``layers.3.attn.qkv_proj``; ``lm_head.weight`` → ``lm_head``,
+    as does ``model.embed_tokens.weight`` where ``tied_head``), or None for a tensor that is no matmul weight."""
+    if weight == "lm_head.weight" or (tied_head and weight == "model.embed_tokens.weight"):
+        return "lm_head"
+    parts = weight.split(".")
+    if len(parts) == 6 and parts[:2] == ["model", "layers"] and parts[-1] == "weight":
+        m = _MATMULS.get(".".join(parts[3:5]))
+        return m and f"layers.{parts[2]}.{m}"
+    return None
+
+
 def linear(g: GraphBuilder, x: str, w: np.ndarray, name: str, layout: Layout, bias: np.ndarray | None = None,
            out: str | None = None) -> str:
     """``x @ w.T`` (+ ``bias``) for ``w`` float32 (N, K) as a Linear stores it (an array, or

@@ -165,6 +165,18 @@ class GGUFSource:
         t = self._tensors.get(name)
         return None if t is None else tuple(int(d) for d in reversed(t.shape))
 
+    def bits_per_weight(self, name: str) -> float:
+        """Bits the file spends per weight of tensor ``name``, scales included (its type's block bytes × 8 /
+        block length: Q4_K 4.5, Q5_0 5.5, Q6_K 6.5625, Q8_0 8.5, F16 16).
+
+        Raises:
+            KeyError: no such tensor.
+        """
+        from gguf import GGML_QUANT_SIZES
+
+        block, size = GGML_QUANT_SIZES[self._tensors[name].tensor_type]
+        return size * 8 / block
+
     def get_rows(self, name: str, index) -> np.ndarray:
         """Rows ``index`` (a slice or int array) of the 2-D tensor ``name``, float32 (n, cols): only those rows'
         blocks are dequantized (a 150,000-row table costs its chunk, not its whole fp32 size).
