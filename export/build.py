@@ -446,15 +446,18 @@ def _build_streamed(info: ModelInfo, opts: ExportOptions, role: str, final: Path
                                           tmp / PREFILL_NAME if opts.prefill_int8 else None)
                 plain.unlink()
             bar.update()
-        meta = _commit(tmp, final, asdict(_spec(info, opts, ins, outs, val, kept, _context(out, info))), t0)
+        meta = _commit(tmp, final, asdict(_spec(info, opts, ins, outs, val, kept, _context(out, info),
+                                                layout.bits_of("lm_head"))), t0)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _print_validation(role, meta)
     return final, meta
 
 
-def _spec(info: ModelInfo, opts: ExportOptions, ins, outs, val: dict, kept, context: int) -> GraphSpec:
-    """The graph's manifest entry (paths relative to the graph's directory; the export prefixes its role)."""
+def _spec(info: ModelInfo, opts: ExportOptions, ins, outs, val: dict, kept, context: int,
+          head_bits: int | None = None) -> GraphSpec:
+    """The graph's manifest entry (paths relative to the graph's directory; the export prefixes its role).
+    ``head_bits``: the output head's bits as written, where a layout resolved them (``+gguf6``)."""
     layers, kv, hd = info.config.kv_shape
     embedding_bits = EMBEDDING_BITS.get(opts.precision) if opts.graph_format >= 3 else None
     return GraphSpec(
@@ -463,7 +466,7 @@ def _spec(info: ModelInfo, opts: ExportOptions, ins, outs, val: dict, kept, cont
         context_length=context,
         quantization=Quantization(opts.precision, opts.block_size if opts.precision == "int4" else None,
                                   opts.accuracy_level if opts.precision == "int4" else None,
-                                  opts.lm_head_bits or {"int4": 4, "int8": 8}.get(opts.precision, 32),
+                                  head_bits or opts.lm_head_bits or {"int4": 4, "int8": 8}.get(opts.precision, 32),
                                   embedding_bits or 32, opts.zero_points, dict(opts.tensor_bits)),
         source=info.source.ref, source_sha256=info.source.sha256, input_names=tuple(ins),
         output_names=tuple(outs), validation=val,

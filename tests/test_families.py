@@ -304,3 +304,17 @@ def test_gguf6_keeps_the_tensors_the_file_stores_at_six_bits_or_more(family, fam
     assert got == {"down_proj": 4, **{m: 8 for m in want}}
     written = nbits(mixed, resolve_bits((("gguf6", 8),), mixed))
     assert {m for m, b in written.items() if b == 8} == want and set(written.values()) == {4, 8}
+
+
+def test_gguf6_export_records_the_head_bits_it_wrote(family_dirs, home, tmp_path):
+    """An export at ``b32+gguf6=8`` from an F32 GGUF: every matmul at 8 bits, and the manifest says so for the head
+    (its ``lm_head_bits`` is what the layout resolved to, not the graph's 4), the layout as spelled."""
+    from edgespec.export import ExportOptions, export_pair
+    from edgespec.export.build import parse_layout
+    from edgespec.io.manifest import load_manifest
+
+    gguf = str(write_gguf(family_dirs["qwen2"], tmp_path / "f32.gguf"))
+    opts = ExportOptions(**parse_layout("b32+gguf6=8"))
+    m = load_manifest(export_pair(gguf, gguf, tmp_path / "pair", opts, opts))
+    q = m.target.quantization
+    assert (q.lm_head_bits, q.tensor_bits, q.block_size) == (8, {"gguf6": 8}, 32)
