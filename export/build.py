@@ -110,15 +110,23 @@ SOURCE_BITS = "gguf6"  # the fragment that names the matmuls a GGUF stores at 6 
 SOURCE_BITS_FLOOR = 6.0  # bits per weight, scales included: Q6_K (6.56), Q8_0 (8.5), F16; not Q5_0/Q5_K (5.5)
 
 
+def uses_source_bits(tensor_bits: tuple[tuple[str, int], ...]) -> bool:
+    """Whether per-tensor bits name :data:`SOURCE_BITS` (and so need a GGUF source, :func:`resolve_bits`)."""
+    return any(frag == SOURCE_BITS for frag, _ in tensor_bits)
+
+
 def resolve_bits(tensor_bits: tuple[tuple[str, int], ...], src) -> dict[str, int]:
     """``tensor_bits`` as :class:`export.families.base.Layout` reads them: each fragment as given, except
     :data:`SOURCE_BITS`, which becomes the names of the matmuls (:func:`export.families.base.matmul_of`) holding
     a weight the GGUF ``src`` stores at :data:`SOURCE_BITS_FLOOR` bits per weight or more — the tensors a
-    Q4_K_M file keeps at Q6_K (the output head, half the layers' down and value projections) — so a coarse
-    int4 layout keeps the source's own precision where its quantizer judged it needed. Earlier fragments win.
+    Q4_K_M file keeps at Q6_K (the output head, half the layers' down and value projections; q/k/v are one
+    packed matmul, so a Q6_K value projection takes its layer's q and k along) — so a coarse int4 layout keeps
+    the source's own precision where its quantizer judged it needed. Earlier fragments win; a layout's
+    ``lm_head_bits`` (``+lm_head=N``) wins over all of them for the head (:meth:`Layout.bits_of`).
 
     Raises:
-        EdgespecError: :data:`SOURCE_BITS` with a source that is not a GGUF file (no stored tensor types).
+        EdgespecError: :data:`SOURCE_BITS` without a GGUF source (``src`` None, or a source with no stored
+            tensor types).
     """
     from .families.base import matmul_of
 
@@ -128,10 +136,11 @@ def resolve_bits(tensor_bits: tuple[tuple[str, int], ...], src) -> dict[str, int
             out.setdefault(frag, bits)
             continue
         if not hasattr(src, "bits_per_weight"):
-            raise EdgespecError(f"+{SOURCE_BITS}={bits} keeps the tensors a GGUF file stores at 6 bits or more; this "
-                                "source is not a GGUF file (name the tensors instead: +down_proj=8)")
+            raise EdgespecError(f"+{SOURCE_BITS}={bits} follows the tensor types of a GGUF file; "
+                                + ("no source was given" if src is None else "this source is not a GGUF file")
+                                + " (name the tensors instead: +down_proj=8)")
         names = src.names()
-        tied = "lm_head.weight" not in names
+        tied = src.config.tie_word_embeddings or "lm_head.weight" not in names  # as families.base ties the head
         for name in names:
             m = matmul_of(name, tied)
             if m is not None and src.bits_per_weight(name) >= SOURCE_BITS_FLOOR:
@@ -282,10 +291,10 @@ def build_graph(info: ModelInfo, opts: ExportOptions, role: str, cache: Path | N
                             f"streamed exporter only (graph format 3 from a GGUF file or a model directory); this "
                             f"model gets " + ("a hub download" if info.source.kind == "hub"
                                               else f"graph format {opts.graph_format}"))
-    if any(f == SOURCE_BITS for f, _ in opts.tensor_bits) and info.source.kind != "gguf":
-        raise EdgespecError(f"{role}: the layout {opts.layout} keeps the tensors a GGUF file stores at 6 bits or "
-                            f"more (+{SOURCE_BITS}); {info.source.ref} is not a GGUF file (name the tensors "
-                            "instead: +down_proj=8)")
+    if uses_source_bits(opts.tensor_bits) and info.source.kind != "gguf":
+        raise EdgespecError(f"{role}: the layout {opts.layout} follows the tensor types of a GGUF file "
+                            f"(+{SOURCE_BITS}); {info.source.ref} is not a GGUF file (name the tensors instead: "
+                            "+down_proj=8)")
     cache = cache or paths.home() / "graphs"
     try:
         cache.mkdir(parents=True, exist_ok=True)
@@ -457,7 +466,8 @@ def _build_streamed(info: ModelInfo, opts: ExportOptions, role: str, final: Path
 def _spec(info: ModelInfo, opts: ExportOptions, ins, outs, val: dict, kept, context: int,
           head_bits: int | None = None) -> GraphSpec:
     """The graph's manifest entry (paths relative to the graph's directory; the export prefixes its role).
-    ``head_bits``: the output head's bits as written, where a layout resolved them (``+gguf6``)."""
+    ``head_bits``: the output head's bits as the streamed writer wrote them (a ``+gguf6`` layout resolves
+    them from the source); None: from ``opts``."""
     layers, kv, hd = info.config.kv_shape
     embedding_bits = EMBEDDING_BITS.get(opts.precision) if opts.graph_format >= 3 else None
     return GraphSpec(

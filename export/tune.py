@@ -9,8 +9,9 @@ Two stages, per model:
    norms and the embedding do not depend on the layout and are left out. Random blocks cost what real ones do:
    the kernels' work depends on the shapes, not the values.
 2. **Accuracy.** Among the candidates faster than the default layout at both row counts, the fastest whose
-   greedy agreement and KL(p_source ‖ p_export) are at least the default's (or whose agreement reaches
-   ``min_agreement``, where given) is found by bisection (a faster layout is taken to be no more accurate), each
+   greedy agreement and KL(p_source ‖ p_export) are at least the default's and whose mean negative
+   log-likelihood of held text (:func:`held_ids`) is no higher (or whose agreement reaches ``min_agreement``,
+   where given) is found by bisection (a faster layout is taken to be no more accurate), each
    tried one built as a real graph (:func:`export.build.build_graph`, cached like any export) and validated
    against the numpy forward of the source weights; it wins if its real decode step then measures faster than
    the default graph's (:func:`graph_step_ms`). None: the default layout stays.
@@ -32,7 +33,7 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 
-from .build import SOURCE_BITS, ExportOptions, _log, build_graph, parse_layout, resolve_bits
+from .build import SOURCE_BITS, ExportOptions, _log, build_graph, parse_layout, resolve_bits, uses_source_bits
 from .load import ModelInfo, weights
 
 # int4 layouts worth measuring: onnxruntime's block sizes, zero points, and 8 bits for the output head or for
@@ -61,14 +62,20 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def timed_layers(num_layers: int) -> list[int]:
+    """The indices of the :data:`TIMED_LAYERS` layers (all, for a shallower model) timed for a model of
+    ``num_layers``: spread evenly over its depth, first and last included."""
+    n = min(TIMED_LAYERS, num_layers)
+    return sorted({round(j * (num_layers - 1) / max(n - 1, 1)) for j in range(n)})
+
+
 def _matmuls(cfg) -> list[tuple[str, int, int]]:
-    """(name, N, K) of the model's weight matmuls for :data:`TIMED_LAYERS` layers spread over its depth (first
-    and last included) and the output head, named as :mod:`export.families` names them (so per-tensor bits —
-    a GGUF's Q6_K layers among them — apply as they would)."""
+    """(name, N, K) of the model's weight matmuls for the :func:`timed_layers` and the output head, named as
+    :mod:`export.families` names them (so per-tensor bits — a GGUF's Q6_K layers among them — apply as they
+    would)."""
     h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     out = []
-    for i in sorted({round(j * (cfg.num_layers - 1) / max(TIMED_LAYERS - 1, 1))
-                     for j in range(min(TIMED_LAYERS, cfg.num_layers))}):
+    for i in timed_layers(cfg.num_layers):
         out += [(f"layers.{i}.attn.qkv_proj", q + 2 * kv, h), (f"layers.{i}.attn.o_proj", h, q),
                 (f"layers.{i}.mlp.gate_up_proj", 2 * cfg.intermediate_size, h),
                 (f"layers.{i}.mlp.down_proj", h, cfg.intermediate_size)]
@@ -148,7 +155,7 @@ def kernel_ms(cfg, layouts: dict[str, ExportOptions], rows: tuple[int, ...] = (1
     so a machine that drifts in between shows rather than favouring the layouts timed early. ``src``: as for
     :func:`_timing_graph`."""
     mats = _matmuls(cfg)
-    scale = cfg.num_layers / min(TIMED_LAYERS, cfg.num_layers)
+    scale = cfg.num_layers / len(timed_layers(cfg.num_layers))
     order = list(layouts) + [next(iter(layouts))]
     got: dict[str, list[dict[int, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="edgespec-tune") as tmp:
@@ -193,6 +200,17 @@ def graph_step_ms(graphs: dict[str, Path], kv_shape: tuple[int, int, int], rows:
     return {n: {m: round(float(np.median(cells[n, m])), 2) for m in rows} for n in graphs}
 
 
+def _held_nll(info: ModelInfo, graph_dir: Path) -> float:
+    """Mean negative log-likelihood (nats per token) of :func:`held_ids` under the graph in ``graph_dir``: the
+    likelihood of text nobody here wrote, the third accuracy measure of the target's floor."""
+    from .validate import _logsumexp, graph_logits
+
+    ids = held_ids(info.tokenizer)
+    logits = graph_logits(graph_dir / "model.onnx", ids, *info.config.kv_shape)[:-1].astype(np.float64)
+    lp = logits[np.arange(len(ids) - 1), ids[1:]] - _logsumexp(logits)[:, 0]
+    return round(float(-lp.mean()), 4)
+
+
 def held_ids(tokenizer, n: int = 256) -> np.ndarray:
     """int64 (n,): tokens of text nobody here wrote — the standard library's ``argparse.py`` from its first class
     on — to measure a layout's accuracy and a draft's acceptance on."""
@@ -226,11 +244,11 @@ def tune(info: ModelInfo, base: ExportOptions, role: str, cache: Path | None = N
         raise EdgespecError(f"--tune chooses among int4 layouts; the {role} is {base.precision}")
     default = replace(base, **parse_layout(ExportOptions().layout))
     opts = {c: replace(base, **parse_layout(c)) for c in dict.fromkeys((default.layout, *candidates))}
-    if info.source.kind != "gguf":  # no stored tensor types to follow
-        opts = {c: o for c, o in opts.items() if all(f != SOURCE_BITS for f, _ in o.tensor_bits)}
+    src = weights(info) if info.source.kind == "gguf" else None
+    if src is None or not resolve_bits(((SOURCE_BITS, 8),), src):  # no stored tensor types, or none above 6 bits:
+        opts = {c: o for c, o in opts.items() if not uses_source_bits(o.tensor_bits)}  # gguf6 would change nothing
     when, cpu = datetime.date.today().isoformat(), cpu_name()
     _log(f"{role}: timing {len(opts)} int4 layouts on this CPU ({cpu}) at 1 and {verify_rows} rows")
-    src = weights(info) if info.source.kind == "gguf" else None
     ms, drift = kernel_ms(info.config, opts, (1, verify_rows), src=src)
     ref = ms[default.layout]
     d_dir, d_meta = build_graph(info, default, role, cache)
@@ -282,10 +300,14 @@ def _pick_target(info, opts, default, built, faster, rows, report, role, cache, 
         else:
             ok = (v["greedy_agreement"] >= floor["greedy_agreement"]
                   and v.get("kl_mean", 0.0) <= floor.get("kl_mean", float("inf")))
+            if ok:  # and the likelihood of held text (agreement and KL are measured on the export's own snippet)
+                if "nll" not in report["floor"]:
+                    report["floor"]["nll"] = rows[default.layout]["nll"] = _held_nll(info, d_dir)
+                rows[c]["nll"] = _held_nll(info, g_dir)
+                ok = rows[c]["nll"] <= report["floor"]["nll"]
         rows[c]["accepted"] = ok
         if ok:
-            if best is not None:
-                rows[best[0]]["accepted"] = False  # a faster one also holds the floor
+            if best is not None:  # a faster one also holds the floor
                 _drop(best[1])
             best, hi = (c, g_dir, g_meta), mid - 1
         else:
@@ -301,8 +323,8 @@ def _pick_target(info, opts, default, built, faster, rows, report, role, cache, 
             return opts[c], g_dir, g_meta, (
                 f"a decode step {a['step_ms'][0]:.1f} ms and a {verify_rows}-row verify {a['step_ms'][1]:.1f} ms "
                 f"against {d['step_ms'][0]:.1f} / {d['step_ms'][1]:.1f} ms at {default.layout}; greedy agreement "
-                f"{a['greedy_agreement']:.3f} (floor {report['floor']['greedy_agreement']:.3f})")
-        a["accepted"] = False
+                f"{a['greedy_agreement']:.3f} (floor {report['floor']['greedy_agreement']:.3f})"
+                + (f", NLL of held text {a['nll']:.4f} (floor {report['floor']['nll']:.4f})" if "nll" in a else ""))
         _drop(g_dir)
         return default, d_dir, d_meta, (
             f"{c} held the accuracy floor but its real decode step ({a['step_ms'][0]:.1f} ms) was not faster than "

@@ -318,3 +318,29 @@ def test_gguf6_export_records_the_head_bits_it_wrote(family_dirs, home, tmp_path
     m = load_manifest(export_pair(gguf, gguf, tmp_path / "pair", opts, opts))
     q = m.target.quantization
     assert (q.lm_head_bits, q.tensor_bits, q.block_size) == (8, {"gguf6": 8}, 32)
+
+
+@pytest.mark.parametrize("qtype,offered", [("Q8_0", True), ("Q4_0", False)])
+def test_tune_offers_gguf6_layouts_only_where_they_change_something(qtype, offered, family_dirs, tmp_path,
+                                                                     monkeypatch):
+    """From a GGUF with tensors at 6 bits or more the candidates include the gguf6 layouts, resolved against it
+    when timed; from one without, gguf6 would equal the plain layout and is not offered."""
+    import edgespec.export.tune as tune
+    from edgespec.export.build import ExportOptions
+    from edgespec.export.load import describe
+    from edgespec.export.sources import resolve_model
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+
+    def kernel_ms(cfg, layouts, rows, rounds=None, src=None):
+        seen.update(layouts=set(layouts), src=src)
+        raise Stop
+
+    monkeypatch.setattr(tune, "kernel_ms", kernel_ms)
+    info = describe(resolve_model(str(write_gguf(family_dirs["qwen2"], tmp_path / f"{qtype}.gguf", qtype))), "target")
+    with pytest.raises(Stop):
+        tune.tune(info, ExportOptions(), "target")
+    assert any("gguf6" in c for c in seen["layouts"]) is offered and hasattr(seen["src"], "bits_per_weight")

@@ -128,6 +128,14 @@ def test_kernel_timing_runs_every_layout_at_the_model_shapes():
     assert drift > 0
 
 
+@pytest.mark.parametrize("layers,want", [(1, [0]), (4, [0, 1, 2, 3]), (8, list(range(8))),
+                                         (28, [0, 4, 8, 12, 15, 19, 23, 27]), (30, [0, 4, 8, 12, 17, 21, 25, 29])])
+def test_timed_layers_spread_over_the_depth(layers, want):
+    from edgespec.export.tune import timed_layers
+
+    assert timed_layers(layers) == want
+
+
 def test_real_graph_steps_are_timed_through_the_runtime(tiny_export):
     from edgespec.export.tune import graph_step_ms
 
@@ -162,6 +170,7 @@ def test_tune_keeps_the_fastest_layout_that_holds_the_accuracy_floor(home, tiny_
     m = load_manifest(out)
     t = m.target.validation["tune"]
     built = [c for c in t["candidates"] if "greedy_agreement" in c]
+    assert not any("gguf6" in c["layout"] for c in t["candidates"])  # a model directory has no tensor types
     assert m.target.quantization.chosen_by.startswith("tuned on ") and t["date"] and t["cpu"]
     assert m.target.quantization.block_size in (64, 128)  # one of the two faster ones (same speed: either order)
     assert [c["layout"] for c in t["candidates"] if c.get("chosen")] == [built[-1]["layout"]]
@@ -212,19 +221,46 @@ def test_tune_keeps_the_default_when_nothing_faster_is_as_accurate(home, tiny_di
             assert d.exists() == (lay == "b32"), lay
 
 
+def test_the_target_floor_includes_the_likelihood_of_held_text(home, tiny_dirs, tmp_path, monkeypatch):
+    """A candidate at the default's agreement and KL is then judged by the NLL of held text, measured on the real
+    graphs: both figures recorded and the verdict consistent with them (which side it falls on depends on the
+    random model; tests/test_tune.py's bisection test forces each)."""
+    import edgespec.export.tune as tune
+    from edgespec.export import export_pair
+
+    _fake_timings(monkeypatch, ["b128z"])
+    real = tune.build_graph
+
+    def build(info, opts, role, cache=None):
+        d, meta = real(info, opts, role, cache)
+        if role == "target" and opts.layout != "b32":  # as accurate as the default by agreement and KL
+            ref = {**meta["validation"]["reference"], "greedy_agreement": 1.0, "kl_mean": 0.0}
+            meta = {**meta, "validation": {**meta["validation"], "reference": ref}}
+        return d, meta
+
+    monkeypatch.setattr(tune, "build_graph", build)
+    out = export_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), tmp_path / "t", tune=True)
+    t = load_manifest(out).target.validation["tune"]
+    rows = {c["layout"]: c for c in t["candidates"]}
+    nll, floor = rows["b128z"]["nll"], t["floor"]["nll"]
+    assert 0 < nll < 20 and 0 < floor < 20 and rows["b32"]["nll"] == floor
+    assert rows["b128z"]["accepted"] is (nll <= floor)
+
+
 def test_the_accuracy_search_bisects_the_faster_layouts(monkeypatch):
     """Fastest first, a faster layout taken to be no more accurate: 7 candidates cost 3 builds, the fastest
-    one at the floor wins, every one tried but the winner leaves the cache, and the winner's real step decides."""
+    one at the floor (agreement, KL, then the NLL of held text) wins, every one tried but the winner leaves the
+    cache, and the winner's real step decides."""
     from types import SimpleNamespace
 
     import edgespec.export.tune as tune
 
-    faster = [f"b{i}" for i in range(7)]  # fastest first; b0-b3 below the floor, b4-b6 at it
+    faster = [f"b{i}" for i in range(7)]  # fastest first; b0-b3 below the floor, b4-b6 at it (b3: by NLL only)
     built, dropped = [], []
 
     def build(info, opts, role, cache=None):
         built.append(opts.layout)
-        ok = int(opts.layout[1:]) >= 4
+        ok = int(opts.layout[1:]) >= 3
         return opts.layout, {"validation": {"reference": {"greedy_agreement": 0.9 if ok else 0.5, "kl_mean": 0.1}}}
 
     def step(graphs, kv_shape, rows):
@@ -233,6 +269,7 @@ def test_the_accuracy_search_bisects_the_faster_layouts(monkeypatch):
     monkeypatch.setattr(tune, "build_graph", build)
     monkeypatch.setattr(tune, "graph_step_ms", step)
     monkeypatch.setattr(tune, "_drop", dropped.append)
+    monkeypatch.setattr(tune, "_held_nll", lambda info, d: {"b32-dir": 1.5, "b3": 1.6}.get(d, 1.4))
     opts = {c: SimpleNamespace(layout=c) for c in ["b32", *faster]}
     rows = {c: {"layout": c, "ms": [1.0, 2.0]} for c in opts}
     default = opts["b32"]
@@ -242,8 +279,9 @@ def test_the_accuracy_search_bisects_the_faster_layouts(monkeypatch):
     chosen, g_dir, _, why = tune._pick_target(info, opts, default, ("b32-dir", base), faster, rows, {}, "target",
                                               None, verify_rows=5, max_builds=4, min_agreement=None, target=None)
     assert built == ["b3", "b5", "b4"] and chosen is opts["b4"] and g_dir == "b4"
-    assert sorted(dropped) == ["b3", "b5"] and rows["b4"]["accepted"] and not rows["b5"]["accepted"]
-    assert "decode step 5.0 ms" in why
+    assert sorted(dropped) == ["b3", "b5"] and rows["b4"]["accepted"] and rows["b5"]["accepted"]
+    assert not rows["b3"]["accepted"] and rows["b3"]["nll"] == 1.6 and rows["b32"]["nll"] == 1.5
+    assert "decode step 5.0 ms" in why and "NLL of held text 1.4000 (floor 1.5000)" in why
     # at the floor but no faster in the real graph: the default stays, the candidate leaves the cache
     monkeypatch.setattr(tune, "graph_step_ms", lambda graphs, kv, r: {c: {x: 10.0 for x in r} for c in graphs})
     built.clear(), dropped.clear()

@@ -39,12 +39,13 @@ def add_export_parser(sub) -> None:
                         "coarser layout costs some acceptance, not output quality)")
     p.add_argument("--tune", action="store_true",
                    help="choose each model's int4 layout on this machine: time the candidate layouts' kernels "
-                        "here, then keep the fastest whose greedy agreement and KL against the source weights are "
-                        "at least the default layout's (a few minutes per model; `edgespec info` says what it "
-                        "chose and why)")
+                        "here, then keep the target's fastest whose greedy agreement and KL against the source "
+                        "weights, and log-likelihood of held text, are at least the default layout's, and the "
+                        "draft's by expected speculative decoding speed (about 10 minutes for the default pair; "
+                        "`edgespec info` says what it chose and why)")
     p.add_argument("--tune-min-agreement", type=float, default=None, metavar="A",
                    help="with --tune: accept a layout whose greedy agreement with the source weights is at least A "
-                        "(0-1) instead of the default layout's agreement and KL")
+                        "(0-1) instead of the default layout's agreement, KL and log-likelihood")
     p.add_argument("--draft-vocab", type=flags.pos_int, default=None,
                    help="prune the draft's lm_head to this many frequent token ids (FR-Spec), e.g. 32768")
     p.add_argument("--force", action="store_true",
@@ -165,8 +166,8 @@ def cmd_info(a) -> int:
               f"logits {g.vocab_size}, {q.precision}"
               + (f" (block {q.block_size}{', zero points' if q.zero_points else ''}, accuracy level "
                  f"{q.accuracy_level})" if q.block_size else "")
-              + "".join(f", {'tensors the GGUF stores at 6+ bits' if frag == 'gguf6' else frag} {b} bits"
-                        for frag, b in q.tensor_bits.items())
+              + "".join(f", {frag}{' (the tensors the GGUF stores at 6+ bits)' if frag == 'gguf6' else ''} "
+                        f"{b} bits" for frag, b in q.tensor_bits.items())
               + f", lm_head {q.lm_head_bits} bits, embedding {q.embedding_bits} bits, graph format {g.graph_format}"
               + (f", KV cache {g.kv_cache}" if g.kv_cache != "float32" else "")
               + (f" (prefill graph {g.prefill_cache_type})" if g.prefill_path and g.prefill_cache_type != g.kv_cache
@@ -219,6 +220,7 @@ def _print_tune(t: dict | None) -> None:
         try:
             acc = (f", greedy agreement {c['greedy_agreement']:.3f}"
                    + (f", KL {c['kl_mean']:.4f}" if c.get("kl_mean") is not None else "")
+                   + (f", NLL of held text {c['nll']:.4f}" if c.get("nll") is not None else "")
                    if "greedy_agreement" in c else "")
             if "tokens_per_s" in c:  # a draft: judged by the speculative decoding speed it gives
                 acc = (f", acceptance {c['acceptance']:.3f}, step {c['step_ms'][0]:.1f} ms → "
@@ -227,7 +229,7 @@ def _print_tune(t: dict | None) -> None:
                 acc += f", graph step {c['step_ms'][0]:.1f} / {c['step_ms'][1]:.1f} ms"
             print(f"    {c['layout']:<28} {c['ms'][0]:7.1f} / {c['ms'][1]:7.1f}{acc}"
                   + ("  (chosen)" if c.get("chosen") else "  (below the floor)" if c.get("accepted") is False
-                     else ""))
+                     else "  (held the floor; not chosen)" if c.get("accepted") else ""))
         except (KeyError, TypeError, ValueError, IndexError):
             continue
 
