@@ -397,11 +397,16 @@ def test_the_voice_use_and_the_bench_voice_class_get_the_voice_prior(monkeypatch
 
     got = []
     monkeypatch.setattr(adaptive.AdaptiveK, "for_decoder",
-                        classmethod(lambda cls, dec, **kw: got.append(kw["answer_prior"])))
+                        classmethod(lambda cls, dec, **kw: got.append(kw)))
     presets.k_policy(object(), None, use="voice")
     presets.k_policy(object(), None, memory="chat")
     presets.k_policy(object(), None)
-    assert got == [presets.ANSWER_PRIORS["voice"], None, None]
+    assert [kw["answer_prior"] for kw in got] == [presets.ANSWER_PRIORS["voice"], None, None]
+    # the voice use's catch-up margin (presets.CATCHUP_MARGINS); the others keep AdaptiveK's defaults
+    assert (got[0]["catchup_margin"], got[0]["catchup_weight"]) == presets.CATCHUP_MARGINS["voice"]
+    assert "catchup_margin" not in got[1] and "catchup_weight" not in got[2]
+    voice = adaptive.AdaptiveK(CostModel([60.0, 70.0], 20.0, 3.0), **presets.controller_settings("voice"))
+    assert voice.catchup_margin > adaptive.AdaptiveK(CostModel([60.0, 70.0], 20.0, 3.0)).catchup_margin
 
 
 def test_keep_margin_band():

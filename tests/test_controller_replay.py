@@ -84,3 +84,18 @@ def test_replay_cuts_answers_and_charges_the_true_costs(rec, replay_mod):
     out = replay_mod.replay_all([rec], ["k1"], [90.0, 120.0, 150.0, 180.0], 20.0, 3.0, 0.0, 1,
                                 calibration=calibrated, max_new=n)
     assert out["k1"][rec["prompt"]] == pytest.approx(plain["ms"] / k1["ms"])
+
+
+def test_lookup_policy_runs_prompt_lookup_alone(rec, replay_mod):
+    """``lookup`` is ``edgespec bench``'s lookup mode: prompt lookup with the adaptive controller, no draft model
+    (so no draft time, whatever the draft would have accepted); the voice class gets the voice use's settings."""
+    from edgespec.draft.lookup import PromptLookup
+
+    props, policy = replay_mod._policy("lookup", replay_mod.CostModel([60.0, 70.0], 20.0, 3.0), "code")
+    assert [type(p) for p in props] == [PromptLookup] and policy.catchup_weight == 1.0
+    _, voice = replay_mod._policy("default", replay_mod.CostModel([60.0, 70.0], 20.0, 3.0), "voice")
+    assert (voice.catchup_margin, voice.catchup_weight) == (0.15, 2.0) and voice.answer.prior == 24.0
+    costs = replay_mod.Costs([60.0, 70.0, 85.0, 100.0], 20.0, 3.0, 0.0, 0)
+    r = replay_mod.replay(rec, "lookup", costs, costs.model, max_new=40)
+    plain = replay_mod.replay(rec, "plain", costs, costs.model, max_new=40)
+    assert r["accepted"] <= r["proposed"] and r["rounds"] <= plain["rounds"] and r["ms"] > 0

@@ -20,7 +20,8 @@ the round's acceptance comes from the recording and its time from the cost model
 target, one draft step, the draft's catch-up per unseen token), times a log-normal noise of ``--noise`` (the
 controller sees the noisy times, as in a real run). It prints decode speed over plain per prompt and the median
 per class, as ``edgespec bench`` does. Policy names: ``plain``, ``k<K>`` (draft chain of fixed K), ``default``
-(adaptive + prompt lookup, the CLI's default), ``adaptive`` (the draft chain alone), with options after ``@``:
+(adaptive + prompt lookup, the CLI's default), ``adaptive`` (the draft chain alone), ``lookup`` (prompt lookup
+alone, adaptive K: ``edgespec bench``'s ``lookup`` mode), with options after ``@``:
 ``default@decay=0.8:probe_k=2`` (keywords of :class:`~edgespec.control.adaptive.AdaptiveK`, ``:`` between them).
 
 ``--true-cost v=...`` charges the rounds other t_v(1..N) than the controller was calibrated with (the calibration
@@ -136,7 +137,7 @@ class Costs:
 
 def _policy(name: str, cost: CostModel, cls: str):
     """(proposers, AdaptiveK or the fixed K) of a policy name (module docstring)."""
-    from edgespec.engine.presets import ANSWER_PRIORS
+    from edgespec.engine.presets import controller_settings
 
     base, _, opts = name.partition("@")
     kw = {}
@@ -150,11 +151,10 @@ def _policy(name: str, cost: CostModel, cls: str):
         return (), None
     if base.startswith("k") and base[1:].isdigit():
         return (DraftChain(),), int(base[1:])
-    if base in ("default", "adaptive"):
-        props = ((PromptLookup(),) if base == "default" else ()) + (DraftChain(),)
-        prior = ANSWER_PRIORS.get(cls)
+    if base in ("default", "adaptive", "lookup"):
+        props = ((PromptLookup(),) if base != "adaptive" else ()) + ((DraftChain(),) if base != "lookup" else ())
         try:
-            return props, AdaptiveK(cost, k_max=6, answer_prior=prior, **kw)
+            return props, AdaptiveK(cost, k_max=6, **{**controller_settings(cls), **kw})
         except (TypeError, ValueError) as e:
             raise SystemExit(f"policy {name!r}: {e}") from None
     raise SystemExit(f"unknown policy {name!r}")

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from .generation import DEFAULT_K, GenerationOptions
 
-__all__ = ["ANSWER_PRIORS", "DEFAULT_K", "generation_options", "k_policy", "mode_proposers", "proposers"]
+__all__ = ["ANSWER_PRIORS", "CATCHUP_MARGINS", "DEFAULT_K", "controller_settings", "generation_options", "k_policy",
+           "mode_proposers", "proposers"]
 
 #: The expected answer length (new tokens) of a use before its controller has seen an answer (its
 #: ``answer_prior``). Voice: the voice system prompt asks for one or two short spoken sentences; the bench's voice
@@ -18,6 +19,29 @@ __all__ = ["ANSWER_PRIORS", "DEFAULT_K", "generation_options", "k_policy", "mode
 #: answers it could not pay back in (0.80–0.89× of plain, docs/benchmarks.md, Intel Xeon family 6 model 207, 2026-12-01). Other uses: None (half of
 #: what the request allows).
 ANSWER_PRIORS: dict[str, float] = {"voice": 24.0}
+
+#: A use's draft catch-up margin, ``(catchup_margin, catchup_weight)`` of
+#: :class:`~edgespec.control.adaptive.AdaptiveK` (default (0.10, 1.0)). Voice: (0.15, 2.0). Its answers run 14–18
+#: tokens, too few to learn the draft's acceptance before the answer ends, and prompt lookup pays on them at no
+#: catch-up; with the default margin a cold controller started the draft on a voice prompt where it ran 0.78×
+#: plain (lookup alone 1.06×; Intel Xeon family 6 model 167, 2026-12-05, ``bench/results/heldout-2026-12-05-xeon167.json``).
+#: Replayed over two recordings and five cost curves (``bench/probes/controller_replay.py``, docs/benchmarks.md) the
+#: voice margin is never slower on voice and lifts it 0.94× → 1.05× (built-in prompts) and 1.00× → 1.16× (held-out)
+#: on that Xeon's costs; rerun there, the held-out voice prompts ran 1.09× plain (lowest 1.05×, lookup alone 1.09×,
+#: ``bench/results/heldout-voice-2026-12-05-xeon167.json``). The same
+#: margin for every use slowed code (on the Zen 4's costs 1.24× → 1.08× plain: a code answer is long enough to
+#: repay the catch-up), so the other uses keep the default.
+CATCHUP_MARGINS: dict[str, tuple[float, float]] = {"voice": (0.15, 2.0)}
+
+
+def controller_settings(use: str | None) -> dict:
+    """The :class:`~edgespec.control.adaptive.AdaptiveK` keywords of a use (``"voice"``, ``"chat"``, … or None):
+    its ``answer_prior`` (:data:`ANSWER_PRIORS`) and, where it has one, its catch-up margin
+    (:data:`CATCHUP_MARGINS`)."""
+    settings: dict = {"answer_prior": ANSWER_PRIORS.get(use or "")}
+    if (use or "") in CATCHUP_MARGINS:
+        settings["catchup_margin"], settings["catchup_weight"] = CATCHUP_MARGINS[use]
+    return settings
 
 
 def proposers(first: tuple[str, ...] = (), draft: bool = True, tree: bool = False,
@@ -37,13 +61,13 @@ def k_policy(decoder, k: int | None, latency_budget_ms: float | None = None, mem
     controller (:class:`~edgespec.control.adaptive.AdaptiveK`) calibrated on ``decoder``, with the latency budget
     ``latency_budget_ms`` (ms per round, None: none), the controller memory ``memory`` (a use's name, None:
     start cold, save nothing; see :meth:`~edgespec.control.adaptive.AdaptiveK.for_decoder`) and the answer-length
-    prior of ``use`` (default: ``memory``'s; :data:`ANSWER_PRIORS`, e.g. ``"voice"``)."""
+    prior and catch-up margin of ``use`` (default: ``memory``'s; :func:`controller_settings`, e.g. ``"voice"``)."""
     if k is not None:
         return None
     from ..control.adaptive import AdaptiveK
 
-    prior = ANSWER_PRIORS.get(use if use is not None else memory or "")
-    return AdaptiveK.for_decoder(decoder, latency_budget_ms=latency_budget_ms, memory=memory, answer_prior=prior)
+    settings = controller_settings(use if use is not None else memory)
+    return AdaptiveK.for_decoder(decoder, latency_budget_ms=latency_budget_ms, memory=memory, **settings)
 
 
 def mode_proposers(mode: str = "spec", lookup: bool = True, suffix: bool = False, tree: bool = False,
