@@ -151,8 +151,9 @@ def _policy(name: str, cost: CostModel, cls: str):
         return (), None
     if base.startswith("k") and base[1:].isdigit():
         return (DraftChain(),), int(base[1:])
-    if base in ("default", "adaptive", "lookup"):
-        props = ((PromptLookup(),) if base != "adaptive" else ()) + ((DraftChain(),) if base != "lookup" else ())
+    adaptive = {"default": (PromptLookup(), DraftChain()), "adaptive": (DraftChain(),), "lookup": (PromptLookup(),)}
+    if base in adaptive:
+        props = adaptive[base]
         try:
             return props, AdaptiveK(cost, k_max=6, **{**controller_settings(cls), **kw})
         except (TypeError, ValueError) as e:

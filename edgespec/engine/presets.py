@@ -38,9 +38,10 @@ def controller_settings(use: str | None) -> dict:
     """The :class:`~edgespec.control.adaptive.AdaptiveK` keywords of a use (``"voice"``, ``"chat"``, … or None):
     its ``answer_prior`` (:data:`ANSWER_PRIORS`) and, where it has one, its catch-up margin
     (:data:`CATCHUP_MARGINS`)."""
-    settings: dict = {"answer_prior": ANSWER_PRIORS.get(use or "")}
-    if (use or "") in CATCHUP_MARGINS:
-        settings["catchup_margin"], settings["catchup_weight"] = CATCHUP_MARGINS[use]
+    key = use or ""
+    settings: dict = {"answer_prior": ANSWER_PRIORS.get(key)}
+    if key in CATCHUP_MARGINS:
+        settings["catchup_margin"], settings["catchup_weight"] = CATCHUP_MARGINS[key]
     return settings
 
 
