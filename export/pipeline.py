@@ -27,6 +27,7 @@ from .build import DEFAULT_GRAPH_FORMAT, GRAPH_FORMATS, GRAPH_REVISIONS  # noqa:
 from .build import (GRAPH_FILES, ExportOptions, _default_format, _link_or_copy, _log, build_graph,
                     format_problem)
 from .load import ModelInfo, check_pair, describe
+from .profiles import apply_profile, resolve_profile
 from .sources import Source, resolve_model, resolve_recipe_model
 
 
@@ -121,7 +122,8 @@ def _check_out(out: Path, force: bool = False) -> None:
 
 def export_pair(target: str | None, draft: str | None, out: str | Path | None = None,
                 target_opts: ExportOptions = ExportOptions(), draft_opts: ExportOptions = ExportOptions(),
-                force: bool = False, tune: bool = False, min_agreement: float | None = None) -> Path:
+                force: bool = False, tune: bool = False, min_agreement: float | None = None,
+                profile: str | None = None) -> Path:
     """Export a draft/target pair into ``out`` (default: the user cache, by pair name); returns ``out``.
 
     ``target``/``draft`` are GGUF files, Hugging Face directories, hub ids or pair recipe names (a recipe on
@@ -129,10 +131,13 @@ def export_pair(target: str | None, draft: str | None, out: str | Path | None = 
     nothing else, or with ``force``; it stays in place until the new export is complete. ``tune`` chooses each
     model's int4 layout by measurement on this machine (:func:`export.tune.tune`: the target's, the fastest at
     the default layout's accuracy or at ``min_agreement``; the draft's, by the speculative decoding speed its
-    acceptance against the chosen target and its step time give). Raises EdgespecError for any bad input, before heavy work where
-    possible.
+    acceptance against the chosen target and its step time give). ``profile`` (``"auto"``, ``"small"`` or
+    ``"full"``; :mod:`.profiles`) decides the optional graphs an option leaves unset (``prefill_int8``,
+    ``kv_int8`` None) and is recorded in the manifest; None (the default): those pieces are off. Raises
+    EdgespecError for any bad input, before heavy work where possible.
     """
     t0 = time.perf_counter()
+    profile_name, profile_why = resolve_profile(profile) if profile is not None else ("small", None)
     if out is not None:
         paths.recover_export(Path(out))
         _check_out(Path(out), force)
@@ -149,22 +154,24 @@ def export_pair(target: str | None, draft: str | None, out: str | Path | None = 
     if cache is None:  # no user cache: build the graphs next to the output and drop them afterwards
         scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.graphs", dir=out.parent))
     try:
-        graphs, why = {}, {}
+        graphs, why, bare = {}, {}, {}
         for role, info, opts in (("target", t_info, target_opts), ("draft", d_info, draft_opts)):
+            wanted = apply_profile(profile_name, opts)
+            if profile is not None:
+                _log(f"{role}: profile {profile_name} ({profile_why}): {_pieces(wanted)}")
             if tune:
-                from .tune import tune as tune_layout
-
-                opts, gdir, meta = tune_layout(info, opts, role, cache or scratch, min_agreement=min_agreement,
-                                               target=graphs.get("target"))  # the draft: by its acceptance
-                graphs[role] = (gdir, meta)
+                opts, graphs[role], bare[role] = _tuned(info, opts, wanted, role, cache or scratch, min_agreement,
+                                                        bare.get("target"))
             else:
+                opts = wanted
                 graphs[role] = build_graph(info, opts, role, cache or scratch)
             why[role] = opts.chosen_by or ("the default layout" if opts.layout == ExportOptions().layout
                                            else f"given ({opts.layout})")
         with paths.file_lock(_out_lock(out), f"writing {out}"):
             paths.recover_export(out)
             _check_out(out, force)
-            _assemble(out, name, graphs, t_info, d_info, t0, why)
+            _assemble(out, name, graphs, t_info, d_info, t0, why,
+                      None if profile is None else (profile_name, profile_why))
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -180,10 +187,37 @@ def _out_lock(out: Path) -> Path:
     return (locks / f"export-{key}.lock") if locks is not None else out.parent
 
 
+def _tuned(info: ModelInfo, opts: ExportOptions, wanted: ExportOptions, role: str, cache: Path,
+           min_agreement: float | None, target: tuple[Path, dict] | None) -> tuple[ExportOptions, tuple, tuple]:
+    """``--tune`` for one model: the layout is chosen on its int4 graph alone (a draft against the ``target``'s),
+    among the symmetric layouts when ``wanted`` (the options with the profile applied) has a prefill graph, which
+    needs symmetric int4 blocks; then the pieces ``wanted`` asks for are built on the chosen layout. Returns
+    (options, (graph directory, metadata) to export, the int4 graph alone)."""
+    from .build import parse_layout
+    from .tune import CANDIDATES, tune as tune_layout
+
+    candidates = CANDIDATES if not wanted.prefill_int8 else tuple(
+        c for c in CANDIDATES if not parse_layout(c)["zero_points"])
+    chosen, gdir, meta = tune_layout(info, replace(opts, prefill_int8=False, kv_int8=False), role, cache,
+                                     candidates=candidates, min_agreement=min_agreement, target=target)
+    opts = replace(chosen, prefill_int8=wanted.prefill_int8, kv_int8=wanted.kv_int8)
+    if not (opts.prefill_int8 or opts.kv_int8):
+        return opts, (gdir, meta), (gdir, meta)
+    full_dir, full_meta = build_graph(info, opts, role, cache)
+    full_meta = {**full_meta, "validation": {**full_meta["validation"], "tune": meta["validation"]["tune"]}}
+    return opts, (full_dir, full_meta), (gdir, meta)
+
+
+def _pieces(opts: ExportOptions) -> str:
+    """The optional graphs of ``opts`` in words (the profile's log line)."""
+    parts = [f"{opts.precision} graph"] + (["int8 prefill graph"] if opts.prefill_int8 else [])
+    return " + ".join(parts + (["int8 KV cache"] if opts.kv_int8 else []))
+
+
 def _assemble(out: Path, name: str, graphs: dict, t_info: ModelInfo, d_info: ModelInfo, t0: float,
-              why: dict[str, str]) -> None:
+              why: dict[str, str], profile: tuple[str, str] | None = None) -> None:
     """Write the export under ``.OUT.tmp<pid>`` (manifest last), then swap it in for ``out``; ``why`` is each
-    role's ``Quantization.chosen_by``."""
+    role's ``Quantization.chosen_by``; ``profile``: (name, why) of the export profile, if one was applied."""
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -215,6 +249,7 @@ def _assemble(out: Path, name: str, graphs: dict, t_info: ModelInfo, d_info: Mod
                                          stop=tuple(sorted(set(t_info.stop) | set(d_info.stop)))),
             tokenizer_sha256=t_info.tokenizer_sha256, edgespec_version=edgespec.__version__,
             export_seconds=round(time.perf_counter() - t0, 1), files=dict(sorted(files.items())),
+            profile=profile and profile[0], profile_chosen_by=profile and profile[1],
         )
         (tmp / MANIFEST_NAME).write_text(manifest.to_json(), encoding="utf-8")
         old = None

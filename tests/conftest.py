@@ -164,11 +164,13 @@ def self_export_each_format(request, home, tiny_dirs, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def real_export():
-    """The default pair in the user's cache (exported there once, then reused by every later run)."""
+    """The default pair in the user's cache, as ``edgespec export`` makes it on this machine (its profile
+    included): exported there once, then reused by every later run."""
     from edgespec.io import paths
     from edgespec.export import export_pair
 
     from edgespec.export.build import DEFAULT_GRAPH_FORMAT
+    from edgespec.export.profiles import resolve_profile
     from edgespec.io.manifest import load_manifest
 
     with user_home():
@@ -176,9 +178,34 @@ def real_export():
         fresh = False
         if (d / "edgespec.json").is_file():
             try:
-                fresh = load_manifest(d).target.graph_format == DEFAULT_GRAPH_FORMAT
+                m = load_manifest(d)
+                fresh = (m.target.graph_format == DEFAULT_GRAPH_FORMAT
+                         and m.profile == resolve_profile("auto")[0])
             except Exception:  # an unreadable or older export: made again, as `edgespec export` would
                 fresh = False
         if not fresh:
-            export_pair(None, None)
+            export_pair(None, None, profile="auto")
+    return d
+
+
+@pytest.fixture(scope="session")
+def real_small_export(real_export):
+    """The default pair at ``--profile small`` (int4 graphs with a float32 cache, no prefill graphs) in the user's
+    cache beside :func:`real_export`: the base the int8-cache and prefill-graph tests derive their exports from.
+    The same directory when the default export is small itself (a machine under 7 GiB)."""
+    from edgespec.io import paths
+    from edgespec.export import export_pair
+    from edgespec.io.manifest import load_manifest
+
+    with user_home():
+        if load_manifest(real_export).profile == "small":
+            return real_export
+        d = paths.default_export_dir()
+        d = d.with_name(d.name + "-small")
+        try:
+            fresh = load_manifest(d).profile == "small"
+        except Exception:  # missing, unreadable or older: made again
+            fresh = False
+        if not fresh:
+            export_pair(None, None, d, profile="small")
     return d

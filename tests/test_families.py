@@ -134,6 +134,30 @@ def test_int4_export_of_each_family_agrees_with_its_source(family, family_dirs, 
     assert r["positions"] == 256 and 0.5 <= r["greedy_agreement"] <= 1 and 0 <= r["kl_mean"] < 0.5
 
 
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "phi3-longrope"])  # its 32-token context < 256
+def test_the_full_profile_of_each_family_prefills_on_its_int8_graph_and_decodes_losslessly(family, family_dirs, home,
+                                                                                          tmp_path):
+    """``--profile full`` (the default on a machine with 7 GiB or more): each family's int8 prefill graph and int8
+    KV cache are written, validated, and decode speculatively as plainly (a prompt long enough for the prefill
+    graph, past Gemma's sliding window)."""
+    from edgespec import SpecDecoder
+    from edgespec.bench.evaluate import greedy_check
+    from edgespec.export import ExportOptions, export_pair
+    from edgespec.io.manifest import load_manifest
+
+    d = str(family_dirs[family])
+    o = ExportOptions("int4", block_size=16)
+    out = export_pair(d, d, tmp_path / "pair", o, o, profile="full")
+    m = load_manifest(out)
+    assert m.profile == "full" and m.target.prefill_path and m.target.kv_cache == "int8"
+    assert m.target.validation["kv_int8"]["greedy_agreement"] >= 0.9
+    dec = SpecDecoder.load(out)
+    assert dec.target.prefill_session is not None
+    ids = [int(i) for i in _ids(m.target.vocab_size, 80)]
+    r = greedy_check(dec, ids, max_new_tokens=24, k=3)
+    assert r["ok"], r["problem"]
+
+
 def test_the_exporters_main_path_imports_no_torch(family_dirs, tmp_path):
     """A whole export from a safetensors directory with torch and transformers made unimportable."""
     code = f"""

@@ -1,5 +1,6 @@
-"""Tier (f): the real pair with an int8 KV cache (``edgespec export --kv-int8``), derived from the cached default
-export's float32-cache graphs (their weights hard-linked, the graphs rewritten: ~3.5 minutes, no second export).
+"""Tier (f): the real pair with an int8 KV cache alone (``edgespec export --profile small --kv-int8``), derived from
+the cached small export's float32-cache graphs (their weights hard-linked, the graphs rewritten: ~3.5 minutes, no
+second export).
 """
 
 import json
@@ -20,7 +21,7 @@ LONG = Path(__file__).resolve().parent.parent / "bench" / "prompts" / "long-code
 
 
 @pytest.fixture(scope="module")
-def kv8_export(real_export, tmp_path_factory):
+def kv8_export(real_small_export, tmp_path_factory):
     from edgespec.export import ExportOptions, export_pair
 
     out = tmp_path_factory.mktemp("real_kv8") / "pair"
@@ -33,23 +34,23 @@ def _long_prompt(i: int) -> str:
     return json.loads(LONG.read_text().splitlines()[i])["prompt"]
 
 
-def test_real_int8_cache_is_derived_and_validated(kv8_export, real_export):
-    m, base = load_manifest(kv8_export), load_manifest(real_export)
+def test_real_int8_cache_is_derived_and_validated(kv8_export, real_small_export):
+    m, base = load_manifest(kv8_export), load_manifest(real_small_export)
     for role in ("target", "draft"):
         g = getattr(m, role)
         assert g.kv_cache == "int8" and getattr(base, role).kv_cache == "float32"
         assert g.validation["kv_int8"]["greedy_agreement"] >= 0.95  # measured 0.996 / 0.988
-        same = (kv8_export / role / "model.onnx.data").stat().st_ino == (real_export / role / "model.onnx.data").stat().st_ino
-        assert same or (kv8_export / role / "model.onnx.data").stat().st_size == (real_export / role / "model.onnx.data").stat().st_size
+        mine, base_data = kv8_export / role / "model.onnx.data", real_small_export / role / "model.onnx.data"
+        assert mine.stat().st_ino == base_data.stat().st_ino or mine.stat().st_size == base_data.stat().st_size
 
 
-def test_real_int8_cache_agrees_with_the_float32_cache_teacher_forced(kv8_export, real_export):
+def test_real_int8_cache_agrees_with_the_float32_cache_teacher_forced(kv8_export, real_small_export):
     """~600 prompt tokens, then 48 steps on the same continuation: argmax agreement ≥ 0.9 with the float32
     cache (33/33 after 3,500 tokens, bench/probes/kv_int8_probe.py, docs/benchmarks.md)."""
-    lms = [om.OnnxLM(load_manifest(d).target, d) for d in (real_export, kv8_export)]
+    lms = [om.OnnxLM(load_manifest(d).target, d) for d in (real_small_export, kv8_export)]
     from tokenizers import Tokenizer
 
-    ids = Tokenizer.from_file(str(real_export / "tokenizer.json")).encode(_long_prompt(1)).ids
+    ids = Tokenizer.from_file(str(real_small_export / "tokenizer.json")).encode(_long_prompt(1)).ids
     prompt, cont = ids[:-48], ids[-48:]
     rows = []
     for lm in lms:

@@ -23,12 +23,12 @@ LONG = Path(__file__).resolve().parent.parent / "bench" / "prompts" / "long-code
 
 
 @pytest.fixture(scope="module")
-def prefill_export(real_export, tmp_path_factory):
+def prefill_export(real_small_export, tmp_path_factory):
     from edgespec.export.prefill_graph import PREFILL_DATA, PREFILL_NAME, write_prefill_graph
 
-    out = tmp_path_factory.mktemp("real_prefill") / "pair"
-    for src in Path(real_export).rglob("*"):
-        dst = out / src.relative_to(real_export)
+    out = tmp_path_factory.mktemp("real_prefill") / "pair"  # the small export's int4 graphs, plus a prefill graph
+    for src in Path(real_small_export).rglob("*"):
+        dst = out / src.relative_to(real_small_export)
         if src.is_dir():
             dst.mkdir(parents=True, exist_ok=True)
         else:

@@ -159,6 +159,26 @@ def _fake_timings(monkeypatch, fast: list[str]):
     monkeypatch.setattr("edgespec.export.tune.graph_step_ms", graph_step_ms)
 
 
+def test_tune_under_the_full_profile_chooses_among_symmetric_layouts_then_adds_the_prefill_graphs(
+        home, tiny_dirs, tmp_path, monkeypatch, capsys):
+    """A prefill graph is made from symmetric int4 blocks: under ``--profile full`` the zero-point layouts are
+    not candidates, and the chosen layout's graph carries the prefill graph, the int8 cache and the tune report."""
+    from edgespec.apps.cli import main
+
+    _fake_timings(monkeypatch, ["b64", "b128z"])
+    out = tmp_path / "tuned-full"
+    assert main(["export", "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]), "--out",
+                 str(out), "--tune", "--tune-min-agreement", "0.01", "--profile", "full"]) == 0, \
+        capsys.readouterr().err
+    m = load_manifest(out)
+    for g in (m.target, m.draft):
+        layouts = [c["layout"] for c in g.validation["tune"]["candidates"]]
+        assert "b64" in layouts and not any("z" in c for c in layouts)
+        assert g.quantization.block_size == 64 and not g.quantization.zero_points
+        assert g.prefill_path and g.kv_cache == "int8" and "kv_int8" in g.validation
+    assert m.profile == "full"
+
+
 def test_tune_keeps_the_fastest_layout_that_holds_the_accuracy_floor(home, tiny_dirs, tmp_path, monkeypatch,
                                                                      capsys):
     from edgespec.apps.cli import main
@@ -166,7 +186,8 @@ def test_tune_keeps_the_fastest_layout_that_holds_the_accuracy_floor(home, tiny_
     _fake_timings(monkeypatch, ["b64", "b128z"])
     out = tmp_path / "tuned"
     assert main(["export", "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]),
-                 "--out", str(out), "--tune", "--tune-min-agreement", "0.01"]) == 0, capsys.readouterr().err
+                 "--out", str(out), "--tune", "--tune-min-agreement", "0.01", "--profile", "small"]) == 0, \
+        capsys.readouterr().err
     m = load_manifest(out)
     t = m.target.validation["tune"]
     built = [c for c in t["candidates"] if "greedy_agreement" in c]

@@ -399,7 +399,7 @@ def test_real_pair_answers_a_spoken_question_losslessly(asr, piper, question):
     with user_home():
         d = paths.default_export_dir()
         if not (d / "edgespec.json").is_file():
-            export_pair(None, None)
+            export_pair(None, None, profile="auto")
     va = VoiceAssistant(asr, SpecDecoder.load(d), piper, policy=3, max_new_tokens=48, first_chunk_plain=False)
     reports = {}
     for mode in ("spec", "plain"):

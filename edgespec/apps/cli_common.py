@@ -28,7 +28,7 @@ def export_dir(arg: str | None, auto_export: bool) -> Path:
                                 + NO_EXPORTER) from None
         print(f"edgespec: the default pair {paths.DEFAULT_PAIR} is not exported yet; exporting it to {d} "
               "(once; takes several minutes)", file=sys.stderr)
-        export_pair(None, None)
+        export_pair(None, None, profile="auto")
     return d
 
 

@@ -4,6 +4,7 @@ arguments and what they run."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -54,18 +55,24 @@ def add_export_parser(sub) -> None:
                    help="3: in-place KV cache and fused GroupQueryAttention; 4: in-place per-KV-head cache and "
                         "grouped attention (each KV head read once per query group); 2: the traced graph "
                         "(default: 3 where both models allow it — Qwen2/Llama, head size a multiple of 16 — else 2)")
-    p.add_argument("--prefill-int8", action="store_true",
-                   help="also write an int8 prefill graph of the target (int4 only): prompt chunks of 64+ tokens "
-                        "run about 2x faster on CPUs with VNNI/AMX, for ~0.9 GB more disk and ~1.4 GB more RAM "
-                        "(docs/benchmarks.md; the runtime's --no-prefill-graph leaves it unloaded)")
-    p.add_argument("--draft-prefill-int8", action="store_true",
+    p.add_argument("--profile", choices=("auto", "small", "full"), default=None,
+                   help="which optional graphs to write: full = each model's int8 prefill graph and an int8 KV "
+                        "cache (prompts prefill ~1.8x faster, long contexts decode faster; ~3.5 GB of RAM to run "
+                        "the default pair), small = the int4 graphs alone (~1.7 GB, for boards under 8 GB); "
+                        "auto (the default): full on a machine with at least 7 GiB of RAM, else small "
+                        "(`edgespec info` says which and why; docs/export.md)")
+    p.add_argument("--prefill-int8", action=argparse.BooleanOptionalAction, default=None,
+                   help="write (or, --no-prefill-int8, leave out) the target's int8 prefill graph whatever the "
+                        "profile (int4 only): prompt chunks of 64+ tokens run about 2x faster on CPUs with "
+                        "VNNI/AMX, for ~0.9 GB more disk and ~1.4 GB more RAM (the runtime's --no-prefill-graph "
+                        "leaves it unloaded)")
+    p.add_argument("--draft-prefill-int8", action=argparse.BooleanOptionalAction, default=None,
                    help="the same for the draft (its prompt catch-up)")
-    p.add_argument("--kv-int8", action="store_true",
-                   help="keep both models' KV caches in int8 (graph format 3; GroupQueryAttention quantizes and reads "
-                        "them natively): a quarter of the cache memory, decode after a 3,500-token context 1.3-1.55x "
-                        "faster on the 2-core Xeon VM measured (AVX-512/VNNI); alone, long prompts prefill at ~0.7x; "
-                        "with --prefill-int8 --draft-prefill-int8 the prefill graphs keep a float32 cache and prompts "
-                        "prefill at their speed (docs/benchmarks.md)")
+    p.add_argument("--kv-int8", action=argparse.BooleanOptionalAction, default=None,
+                   help="keep (or not) both models' KV caches in int8 whatever the profile (graph format 3; "
+                        "GroupQueryAttention quantizes and reads them natively): a quarter of the cache memory, "
+                        "faster decode after a long context; without the prefill graphs long prompts prefill at "
+                        "~0.7x (docs/benchmarks.md)")
     p.add_argument("--voice", action="store_true",
                    help="prepare the speech-recognition model of `edgespec voice` (Moonshine) instead of a pair")
 
@@ -88,8 +95,9 @@ def cmd_export(a) -> int:
         raise EdgespecError(NO_EXPORTER) from None
     if a.voice:
         pair_only = {"--prefill-int8": a.prefill_int8, "--draft-prefill-int8": a.draft_prefill_int8,
-                     "--kv-int8": a.kv_int8, "--layout": a.layout, "--draft-layout": a.draft_layout, "--tune": a.tune}
-        flag = next((f for f, v in pair_only.items() if v), None)
+                     "--kv-int8": a.kv_int8, "--layout": a.layout, "--draft-layout": a.draft_layout,
+                     "--tune": a.tune or None, "--profile": a.profile}
+        flag = next((f for f, v in pair_only.items() if v is not None), None)
         if flag:
             raise EdgespecError(f"{flag} applies to a pair export, not to --voice")
         from edgespec.export.voice import prepare_moonshine
@@ -111,7 +119,8 @@ def cmd_export(a) -> int:
 
         if a.pair not in models.available():
             raise EdgespecError(f"unknown pair recipe {a.pair!r} (known: {', '.join(models.available())})")
-    out = export_pair(target, draft, a.out, t, d, force=a.force, tune=a.tune, min_agreement=a.tune_min_agreement)
+    out = export_pair(target, draft, a.out, t, d, force=a.force, tune=a.tune, min_agreement=a.tune_min_agreement,
+                      profile=a.profile or "auto")
     print(out)
     return 0
 
@@ -159,6 +168,8 @@ def cmd_info(a) -> int:
         print(json.dumps({**json.loads(m.to_json()), "execution_provider": provider}))
         return 0
     print(f"{m.name}  ({d})")
+    if m.profile:
+        print(f"profile: {m.profile} ({m.profile_chosen_by or 'reason not recorded'})")
     for role in ("target", "draft"):
         g = getattr(m, role)
         q = g.quantization

@@ -147,7 +147,10 @@ class FileEntry:
 @dataclass(frozen=True)
 class Manifest:
     """The whole ``edgespec.json``. ``files`` maps every file of the export (paths relative to it, other than
-    the manifest) to its :class:`FileEntry`; empty for exports written before it existed."""
+    the manifest) to its :class:`FileEntry`; empty for exports written before it existed. ``profile``
+    (``"small"`` or ``"full"``, ``edgespec export --profile``: which optional graphs were written) and
+    ``profile_chosen_by`` (why, e.g. ``"auto: 23.4 GiB of RAM (at least 7)"``); None in exports made
+    without a profile (before 2026-12-06, or by ``export_pair`` without one)."""
 
     name: str
     target: GraphSpec
@@ -160,6 +163,8 @@ class Manifest:
     format: int = FORMAT_VERSION
     export_seconds: float | None = None
     files: dict[str, FileEntry] = field(default_factory=dict)
+    profile: str | None = None
+    profile_chosen_by: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=False)
@@ -235,7 +240,8 @@ _SPECIAL = {"bos": ("token?", True), "eos": ("token", True), "pad": ("token?", T
 _MANIFEST = {"name": ("str", True), "target": ("object", True), "draft": ("object", True), "tokenizer": ("str", True),
              "chat_template": ("str?", True), "special_tokens": ("object", True), "tokenizer_sha256": ("str", True),
              "edgespec_version": ("str", True), "format": ("pos", True), "export_seconds": ("number?", False),
-             "files": ("object", False)}
+             "files": ("object", False), "profile": ("str?", False), "profile_chosen_by": ("str?", False)}
+PROFILE_NAMES = ("small", "full")  # Manifest.profile values (export/profiles.py)
 _FILE = {"size": ("size", True), "sha256": ("sha256", True)}
 
 
@@ -301,6 +307,8 @@ def _graph(d: Any, role: str) -> GraphSpec:
 
 def _manifest(raw: Any) -> Manifest:
     raw = _fields(raw, "", _MANIFEST)
+    if raw.get("profile") not in (None, *PROFILE_NAMES):
+        raise _Invalid(f"profile is {_show(raw['profile'])}, not one of {', '.join(PROFILE_NAMES)}")
     raw["target"] = _graph(raw["target"], "target")
     raw["draft"] = _graph(raw["draft"], "draft")
     st = _fields(raw["special_tokens"], "special_tokens", _SPECIAL)
