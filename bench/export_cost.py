@@ -2,7 +2,7 @@
 an empty graph cache (each run in a fresh process); each int4 layout's accuracy against the source weights and its
 decode and verify cost on this CPU; also writes the GGUF files and the tiny pair other benchmarks export.
 
-    python bench/export_cost.py measure [TARGET DRAFT] [--block-size 32] [--repeats 1] [--out STEM]
+    python bench/export_cost.py measure [TARGET DRAFT] [--block-size 32] [--profile small] [--repeats 1] [--out STEM]
     python bench/export_cost.py layouts MODEL.gguf [--layouts b32,b128,b128z,...] [--graphs DIR]
                                         [--measure accuracy,speed] [--out STEM]
     python bench/export_cost.py synthetic qwen2.5-7b OUT.gguf      # random Q4_0 weights of that model's shapes
@@ -98,10 +98,12 @@ def write_synthetic(shape: str, out: Path, seed: int = 0) -> Path:
     return out
 
 
-def measure_once(target: str, draft: str, block: int, home: Path, out: Path) -> dict:
-    """One ``edgespec export`` in a fresh process: wall seconds and peak RSS (MB, the child's ru_maxrss)."""
+def measure_once(target: str, draft: str, block: int, home: Path, out: Path, profile: str = "small") -> dict:
+    """One ``edgespec export --profile PROFILE`` in a fresh process: wall seconds and peak RSS (MB, the child's
+    ru_maxrss)."""
     env = dict(os.environ, EDGESPEC_HOME=str(home))
-    argv = [sys.executable, "-m", "edgespec.cli", "export", "--out", str(out), "--block-size", str(block)]
+    argv = [sys.executable, "-m", "edgespec.cli", "export", "--out", str(out), "--block-size", str(block),
+            "--profile", profile]
     if target:
         argv += ["--target", target, "--draft", draft]
     t0 = time.perf_counter()
@@ -256,6 +258,8 @@ def main(argv=None) -> int:
     m = sub.add_parser("measure", help="wall time and peak RSS of an export into an empty graph cache")
     m.add_argument("sources", nargs="*", help="TARGET DRAFT (default: the default pair's recipe)")
     m.add_argument("--block-size", type=int, default=32)
+    m.add_argument("--profile", choices=("small", "full", "auto"), default="small",
+                   help="edgespec export's --profile (default small: the int4 graphs alone, as before 2026-12-06)")
     m.add_argument("--repeats", type=int, default=1)
     m.add_argument("--out", type=Path, default=None, help="also write the JSON result to OUT.json")
     s = sub.add_parser("synthetic", help="a GGUF of a real model's shapes with random 4-bit weights")
@@ -307,12 +311,13 @@ def main(argv=None) -> int:
             home.mkdir()
             if not target:
                 _link_recipe_ggufs(home)
-            r = measure_once(target, draft, a.block_size, home, Path(tmp) / "export")
+            r = measure_once(target, draft, a.block_size, home, Path(tmp) / "export", a.profile)
         runs.append(r)
         print(f"export: {r['wall_s']} s, peak RSS {r['peak_rss_mb']} MB", flush=True)
     result = {"command": "python bench/export_cost.py " + " ".join(sys.argv[1:] if argv is None else argv),
               **_provenance(),
-              "sources": a.sources or ["default pair recipe"], "block_size": a.block_size, "runs": runs}
+              "sources": a.sources or ["default pair recipe"], "block_size": a.block_size, "profile": a.profile,
+              "runs": runs}
     if a.out:
         write_result(a.out, result)
     return 0

@@ -3,6 +3,8 @@
 Layers, each importing only the ones below it:
 
 - :mod:`.pipeline` — ``edgespec export``: sources → pair check → per-model graph → export directory;
+  :mod:`.profiles` decides which optional graphs (int8 prefill graph, int8 KV cache) it writes, :mod:`.tune` the
+  int4 layout by measurement;
 - :mod:`.build` — one graph: its options, the graph formats a model allows, built once into the graph cache;
 - :mod:`.validate` — the graph against the numpy reference of its weights (:mod:`.reference`), or PyTorch;
 - :mod:`.families` — one file per model family: how its tensors make a decoder (graph format 3);

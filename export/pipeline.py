@@ -27,7 +27,7 @@ from .build import DEFAULT_GRAPH_FORMAT, GRAPH_FORMATS, GRAPH_REVISIONS  # noqa:
 from .build import (GRAPH_FILES, ExportOptions, _default_format, _link_or_copy, _log, build_graph,
                     format_problem)
 from .load import ModelInfo, check_pair, describe
-from .profiles import apply_profile, resolve_profile
+from .profiles import apply_profile, not_applicable, resolve_profile
 from .sources import Source, resolve_model, resolve_recipe_model
 
 
@@ -153,6 +153,14 @@ def export_pair(target: str | None, draft: str | None, out: str | Path | None = 
     scratch = None
     if cache is None:  # no user cache: build the graphs next to the output and drop them afterwards
         scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.graphs", dir=out.parent))
+    if profile_name == "full" and not tune:
+        unused = [(r, not_applicable(o)) for r, o in (("target", target_opts), ("draft", draft_opts))]
+        if all(why for _, why in unused):
+            reasons = "; ".join(f"{r}: {why}" for r, why in unused)
+            if profile == "full":  # asked for, and it would write nothing: say so before any work
+                raise EdgespecError(f"--profile full adds nothing to this pair ({reasons}); drop it or use int4 "
+                                    "without zero points")
+            profile_name, profile_why = "small", f"{profile_why}, but full adds nothing here ({reasons})"
     try:
         graphs, why, bare = {}, {}, {}
         for role, info, opts in (("target", t_info, target_opts), ("draft", d_info, draft_opts)):

@@ -34,13 +34,25 @@ PROFILES = ("auto", "small", "full")
 FULL_MIN_RAM_GIB = 7.0  # a board sold as 8 GB reports ~7.6-7.8 GiB; the full pair peaks at ~3.5 GB
 
 
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # cgroup v2, v1
+
+
 def physical_memory() -> int | None:
-    """This machine's physical memory in bytes, or None where the OS does not say (``os.sysconf``)."""
+    """The memory this process may use, in bytes: the machine's physical memory (``os.sysconf``), or a cgroup's
+    limit where one is lower (a container on a larger host); None where the OS says neither."""
     try:
         n = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):
-        return None
-    return n if n > 0 else None
+        n = None
+    for path in CGROUP_LIMITS:
+        try:
+            with open(path, encoding="ascii") as f:
+                text = f.read().strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if text.isdigit() and int(text) > 0:  # "max" (v2) or a huge number (v1): no limit
+            n = int(text) if n is None else min(n, int(text))
+    return n if n is not None and n > 0 else None
 
 
 def resolve_profile(profile: str, memory: int | None = None) -> tuple[str, str]:
@@ -61,6 +73,15 @@ def resolve_profile(profile: str, memory: int | None = None) -> tuple[str, str]:
     if gib >= FULL_MIN_RAM_GIB:
         return "full", f"auto: {gib:.1f} GiB of RAM (at least {FULL_MIN_RAM_GIB:g})"
     return "small", f"auto: {gib:.1f} GiB of RAM (under {FULL_MIN_RAM_GIB:g})"
+
+
+def not_applicable(opts: ExportOptions) -> str | None:
+    """Why the ``full`` profile adds nothing to a model with ``opts`` (graph format decided), or None."""
+    if opts.precision != "int4":
+        return f"{opts.precision} weights (a prefill graph is made from int4 blocks)"
+    if opts.zero_points:
+        return f"the layout {opts.layout} has zero points (a prefill graph is made from symmetric int4 blocks)"
+    return None
 
 
 def apply_profile(name: str, opts: ExportOptions) -> ExportOptions:

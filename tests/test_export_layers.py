@@ -20,6 +20,7 @@ LAYERS = {
     "export.kv_int8": 5,  # its scales are calibrated by running the graph (export.validate's sessions)
     "export.build": 6, "export.voice": 6,  # export.build: one graph (cached); export.pipeline: the pair around it
     "export.tune": 6.5,  # builds candidate graphs (export.build) to choose one layout; export.pipeline calls it
+    "export.profiles": 6.5,  # which optional graphs an export writes (export.build's options)
     "export.pipeline": 7, "export": 8,
 }
 

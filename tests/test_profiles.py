@@ -11,6 +11,7 @@ import pytest
 
 from edgespec.errors import EdgespecError
 from edgespec.export import ExportOptions, export_pair
+from edgespec.export import profiles
 from edgespec.export.profiles import FULL_MIN_RAM_GIB, apply_profile, physical_memory, resolve_profile
 from edgespec.io.manifest import load_manifest
 
@@ -26,6 +27,17 @@ def test_auto_takes_full_only_with_the_memory_for_it():
     assert physical_memory() is None or physical_memory() > 0
     with pytest.raises(EdgespecError, match="export profile 'medium': one of auto, small, full"):
         resolve_profile("medium")
+
+
+def test_a_container_limit_below_the_machine_is_the_memory_auto_reads(tmp_path, monkeypatch):
+    v2, v1 = tmp_path / "memory.max", tmp_path / "limit_in_bytes"
+    monkeypatch.setattr(profiles, "CGROUP_LIMITS", (str(v2), str(v1)))
+    machine = physical_memory()  # neither file exists: the machine's own
+    v2.write_text("max\n")  # cgroup v2 without a limit
+    assert physical_memory() == machine
+    v1.write_text(f"{4 * GIB}\n")  # a 4 GiB container
+    assert physical_memory() == min(machine, 4 * GIB)
+    assert resolve_profile("auto")[0] == ("small" if FULL_MIN_RAM_GIB > 4 else "full")
 
 
 @pytest.mark.parametrize("opts, full, small", [
@@ -80,6 +92,18 @@ def test_without_a_profile_the_library_writes_what_it_is_asked(home, tiny_dirs, 
     assert m.profile is None and m.target.prefill_path is None and m.target.kv_cache == "float32"
 
 
+def test_full_asked_for_where_it_adds_nothing_is_refused_and_auto_records_small(home, tiny_dirs, tmp_path,
+                                                                               monkeypatch):
+    fp32 = ExportOptions("fp32")
+    with pytest.raises(EdgespecError, match="--profile full adds nothing to this pair .*target: fp32 weights"):
+        export_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), tmp_path / "f", fp32, fp32, profile="full")
+    assert not (tmp_path / "f").exists()
+    monkeypatch.setattr(profiles, "physical_memory", lambda: 64 * GIB)
+    m = load_manifest(export_pair(str(tiny_dirs["target"]), str(tiny_dirs["draft"]), tmp_path / "a", fp32, fp32,
+                                  profile="auto"))
+    assert m.profile == "small" and "but full adds nothing here (target: fp32 weights" in m.profile_chosen_by
+
+
 def test_a_bad_profile_in_a_manifest_is_refused_where_it_enters(full_export, tmp_path):
     d = tmp_path / "copy"
     shutil.copytree(full_export, d)
@@ -92,7 +116,7 @@ def test_a_bad_profile_in_a_manifest_is_refused_where_it_enters(full_export, tmp
 
 @pytest.mark.parametrize("argv, message", [
     (["export", "--voice", "--profile", "full"], "--profile applies to a pair export, not to --voice"),
-    (["export", "--voice", "--no-kv-int8"], "--kv-int8 applies to a pair export, not to --voice"),
+    (["export", "--voice", "--no-kv-int8"], "--no-kv-int8 applies to a pair export, not to --voice"),
     (["export", "--profile", "medium"], "invalid choice: 'medium'"),
     (["export", "nonexistent-pair", "--profile", "bogus"], "invalid choice: 'bogus'"),
 ])

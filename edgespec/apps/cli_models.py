@@ -57,7 +57,7 @@ def add_export_parser(sub) -> None:
                         "(default: 3 where both models allow it — Qwen2/Llama, head size a multiple of 16 — else 2)")
     p.add_argument("--profile", choices=("auto", "small", "full"), default=None,
                    help="which optional graphs to write: full = each model's int8 prefill graph and an int8 KV "
-                        "cache (prompts prefill ~1.8x faster, long contexts decode faster; ~3.5 GB of RAM to run "
+                        "cache (prompts prefill 1.7-1.9x faster, long contexts decode faster; ~3.5 GB of RAM to run "
                         "the default pair), small = the int4 graphs alone (~1.7 GB, for boards under 8 GB); "
                         "auto (the default): full on a machine with at least 7 GiB of RAM, else small "
                         "(`edgespec info` says which and why; docs/export.md)")
@@ -65,7 +65,8 @@ def add_export_parser(sub) -> None:
                    help="write (or, --no-prefill-int8, leave out) the target's int8 prefill graph whatever the "
                         "profile (int4 only): prompt chunks of 64+ tokens run about 2x faster on CPUs with "
                         "VNNI/AMX, for ~0.9 GB more disk and ~1.4 GB more RAM (the runtime's --no-prefill-graph "
-                        "leaves it unloaded)")
+                        "leaves it unloaded); under the full profile a model left without its prefill graph also "
+                        "keeps a float32 cache unless --kv-int8 is given")
     p.add_argument("--draft-prefill-int8", action=argparse.BooleanOptionalAction, default=None,
                    help="the same for the draft (its prompt catch-up)")
     p.add_argument("--kv-int8", action=argparse.BooleanOptionalAction, default=None,
@@ -97,7 +98,8 @@ def cmd_export(a) -> int:
         pair_only = {"--prefill-int8": a.prefill_int8, "--draft-prefill-int8": a.draft_prefill_int8,
                      "--kv-int8": a.kv_int8, "--layout": a.layout, "--draft-layout": a.draft_layout,
                      "--tune": a.tune or None, "--profile": a.profile}
-        flag = next((f for f, v in pair_only.items() if v is not None), None)
+        flag = next((f if v is not False else f.replace("--", "--no-", 1) for f, v in pair_only.items()
+                     if v is not None), None)
         if flag:
             raise EdgespecError(f"{flag} applies to a pair export, not to --voice")
         from edgespec.export.voice import prepare_moonshine
