@@ -63,9 +63,9 @@ class ExportOptions:
     lm_head_bits: int | None = None
     vocab_size: int | None = None  # prune the lm_head to this many frequent ids (FR-Spec; draft only)
     graph_format: int | None = None  # None: DEFAULT_GRAPH_FORMAT where both models allow it, else 2
-    prefill_int8: bool | None = None  # also write the int8 prefill graph (export/prefill_graph.py; int4 only);
-    kv_int8: bool | None = None  # an int8 KV cache read and written by GroupQueryAttention (export/kv_int8.py;
-    # format 3). None for either: as the export profile says (export/profiles.py; without one, no)
+    # None for either of the next two: as the export profile says (export/profiles.py; without one, off)
+    prefill_int8: bool | None = None  # also write the int8 prefill graph (export/prefill_graph.py; int4 only)
+    kv_int8: bool | None = None  # an int8 KV cache read and written by GroupQueryAttention (export/kv_int8.py)
     zero_points: bool = False
     tensor_bits: tuple[tuple[str, int], ...] = ()
     chosen_by: str | None = field(default=None, compare=False)

@@ -149,10 +149,6 @@ def export_pair(target: str | None, draft: str | None, out: str | Path | None = 
     t_info, d_info = describe(t_src, "target"), describe(d_src, "draft")
     check_pair(t_info, d_info)
     target_opts, draft_opts = _resolve_graph_format(target_opts, draft_opts, t_info, d_info)
-    cache = paths.cache_dir("graphs")
-    scratch = None
-    if cache is None:  # no user cache: build the graphs next to the output and drop them afterwards
-        scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.graphs", dir=out.parent))
     if profile_name == "full" and not tune:
         unused = [(r, not_applicable(o)) for r, o in (("target", target_opts), ("draft", draft_opts))]
         if all(why for _, why in unused):
@@ -161,6 +157,10 @@ def export_pair(target: str | None, draft: str | None, out: str | Path | None = 
                 raise EdgespecError(f"--profile full adds nothing to this pair ({reasons}); drop it or use int4 "
                                     "without zero points")
             profile_name, profile_why = "small", f"{profile_why}, but full adds nothing here ({reasons})"
+    cache = paths.cache_dir("graphs")
+    scratch = None
+    if cache is None:  # no user cache: build the graphs next to the output and drop them afterwards
+        scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.graphs", dir=out.parent))
     try:
         graphs, why, bare = {}, {}, {}
         for role, info, opts in (("target", t_info, target_opts), ("draft", d_info, draft_opts)):
@@ -205,7 +205,7 @@ def _tuned(info: ModelInfo, opts: ExportOptions, wanted: ExportOptions, role: st
     from .tune import CANDIDATES, tune as tune_layout
 
     candidates = CANDIDATES if not wanted.prefill_int8 else tuple(
-        c for c in CANDIDATES if not parse_layout(c)["zero_points"])
+        c for c in CANDIDATES if not_applicable(replace(opts, **parse_layout(c))) is None)
     chosen, gdir, meta = tune_layout(info, replace(opts, prefill_int8=False, kv_int8=False), role, cache,
                                      candidates=candidates, min_agreement=min_agreement, target=target)
     opts = replace(chosen, prefill_int8=wanted.prefill_int8, kv_int8=wanted.kv_int8)

@@ -17,8 +17,8 @@ Two profiles:
 ``--profile`` names one for another machine. A piece of ``full`` applies to a model only where it can: the
 prefill graph to symmetric int4 weights (no zero points; ``--tune`` then chooses among the symmetric layouts),
 the int8 cache to graph format 3 and only beside a prefill graph (alone it prefills long prompts at about
-0.7×). Explicit ``--prefill-int8``/``--kv-int8`` (or their ``--no-`` forms)
-override the profile for their piece.
+0.7×). Explicit ``--prefill-int8``/``--kv-int8`` (or their ``--no-`` forms) override the profile for their
+piece. Not measured on an AVX2-only CPU.
 """
 
 from __future__ import annotations
@@ -27,13 +27,12 @@ import os
 from dataclasses import replace
 
 from edgespec.errors import EdgespecError
+from edgespec.io.manifest import PROFILE_NAMES
 
 from .build import ExportOptions
 
-PROFILES = ("auto", "small", "full")
+PROFILES = ("auto", *PROFILE_NAMES)
 FULL_MIN_RAM_GIB = 7.0  # a board sold as 8 GB reports ~7.6-7.8 GiB; the full pair peaks at ~3.5 GB
-
-
 CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # cgroup v2, v1
 
 
@@ -88,7 +87,6 @@ def apply_profile(name: str, opts: ExportOptions) -> ExportOptions:
     """``opts`` (graph format decided) with the pieces it leaves unset (``prefill_int8``/``kv_int8`` None)
     taken from the resolved profile ``name`` where they apply to this model (module docstring)."""
     full = name == "full"
-    symmetric_int4 = opts.precision == "int4" and not opts.zero_points  # what the prefill graph is made from
-    prefill = opts.prefill_int8 if opts.prefill_int8 is not None else full and symmetric_int4
+    prefill = opts.prefill_int8 if opts.prefill_int8 is not None else full and not_applicable(opts) is None
     kv = opts.kv_int8 if opts.kv_int8 is not None else full and prefill and opts.graph_format == 3
     return replace(opts, prefill_int8=bool(prefill), kv_int8=bool(kv))
