@@ -139,11 +139,11 @@ def parse_layout(name: str, src=None):
 
     try:
         f = fields(name)
-        bits = resolve_bits(f["tensor_bits"], src)
+        bits, blocks = resolve_bits(f["tensor_bits"], src), resolve_bits(f["tensor_blocks"], src)
     except EdgespecError as e:
         raise SystemExit(f"export_cost: {e}") from None
     return Layout(block_size=f["block_size"], zero_points=f["zero_points"], lm_head_bits=f["lm_head_bits"],
-                  bits=bits)
+                  bits=bits, blocks=blocks)
 
 
 def _nll(logits: np.ndarray, ids: np.ndarray) -> float:

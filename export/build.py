@@ -53,9 +53,10 @@ QUANT_POSITIONS = 256
 class ExportOptions:
     """Per-graph export settings. ``lm_head_bits`` None keeps the head at the graph's precision;
     ``zero_points`` makes the int4 blocks asymmetric; ``tensor_bits`` ((fragment, bits), …) keeps the matmuls
-    whose weight name contains a fragment at those bits (4, 8 or 32; graph format 3 only). :func:`parse_layout`
-    reads all four from one spelling (``b128z+down_proj=8+lm_head=8``); ``chosen_by`` says why (manifest only,
-    not part of the graph cache key)."""
+    whose weight name contains a fragment at those bits (4, 8 or 32; graph format 3 only); ``tensor_blocks``
+    ((fragment, block), …) gives those matmuls their own block size (a finer one where accuracy is lost).
+    :func:`parse_layout` reads all five from one spelling (``b128z+down_proj=8+lm_head=8``, ``b256+gguf6=b32``);
+    ``chosen_by`` says why (manifest only, not part of the graph cache key)."""
 
     precision: str = "int4"
     block_size: int = 32
@@ -68,6 +69,7 @@ class ExportOptions:
     kv_int8: bool | None = None  # an int8 KV cache read and written by GroupQueryAttention (export/kv_int8.py)
     zero_points: bool = False
     tensor_bits: tuple[tuple[str, int], ...] = ()
+    tensor_blocks: tuple[tuple[str, int], ...] = ()
     chosen_by: str | None = field(default=None, compare=False)
 
     def __post_init__(self):
@@ -76,7 +78,7 @@ class ExportOptions:
                                 f"not {self.graph_format}")
         if self.precision not in PRECISIONS:
             raise EdgespecError(f"precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}")
-        if self.block_size not in (16, 32, 64, 128, 256):
+        if self.block_size not in BLOCK_SIZES:
             raise EdgespecError(f"block size must be 16, 32, 64, 128 or 256, not {self.block_size}")
         if self.accuracy_level not in (0, 1, 2, 3, 4):
             raise EdgespecError(f"accuracy level must be 0..4, not {self.accuracy_level}")
@@ -93,20 +95,27 @@ class ExportOptions:
             if not isinstance(frag, str) or not frag or frag == "lm_head" or bits not in (4, 8, 32):
                 raise EdgespecError(f"per-tensor bits must map a weight-name fragment (not lm_head: use lm_head "
                                     f"bits) to 4, 8 or 32, not {frag!r}={bits!r}")
-        if (self.zero_points or self.tensor_bits) and self.graph_format not in (None, 3):
-            raise EdgespecError(f"zero points and per-tensor bits are written by the streamed exporter only "
+        for frag, block in self.tensor_blocks:
+            if not isinstance(frag, str) or not frag or block not in BLOCK_SIZES:
+                raise EdgespecError(f"per-tensor blocks must map a weight-name fragment to a block size "
+                                    f"({', '.join(map(str, BLOCK_SIZES))}), not {frag!r}={block!r}")
+        if (self.zero_points or self.tensor_bits or self.tensor_blocks) and self.graph_format not in (None, 3):
+            raise EdgespecError(f"zero points and per-tensor bits or blocks are written by the streamed exporter only "
                                 f"(graph format 3), not graph format {self.graph_format}")
-        if (self.zero_points or self.tensor_bits) and self.precision == "fp32":
-            raise EdgespecError("zero points and per-tensor bits apply to int4 and int8 weights, not fp32")
+        if (self.zero_points or self.tensor_bits or self.tensor_blocks) and self.precision == "fp32":
+            raise EdgespecError("zero points and per-tensor bits or blocks apply to int4 and int8 weights, not fp32")
 
     @property
     def layout(self) -> str:
         """This layout in :func:`parse_layout`'s spelling (``b32``, ``b128z+down_proj=8+lm_head=8``)."""
         mix = list(self.tensor_bits) + ([("lm_head", self.lm_head_bits)] if self.lm_head_bits else [])
+        mix += [(f, f"b{b}") for f, b in self.tensor_blocks]
         return f"b{self.block_size}{'z' if self.zero_points else ''}" + "".join(f"+{f}={b}" for f, b in mix)
 
 
-LAYOUT_SYNTAX = "b<block>[z][+<fragment>=<bits>]…, e.g. b128z+down_proj=8+lm_head=8 or b128z+gguf6=8"
+BLOCK_SIZES = (16, 32, 64, 128, 256)  # MatMulNBits block sizes (weights per block along the input dimension)
+LAYOUT_SYNTAX = ("b<block>[z][+<fragment>=<bits>|b<block>]…, e.g. b128z+down_proj=8+lm_head=8, b128z+gguf6=8 or "
+                 "b256+gguf6=b32")
 SOURCE_BITS = "gguf6"  # the fragment that names the matmuls a GGUF stores at 6 bits or more (resolve_bits)
 SOURCE_BITS_FLOOR = 6.0  # bits per weight, scales included: Q6_K (6.56), Q8_0 (8.5), F16; not Q5_0/Q5_K (5.5)
 
@@ -123,7 +132,8 @@ def resolve_bits(tensor_bits: tuple[tuple[str, int], ...], src) -> dict[str, int
     Q4_K_M file keeps at Q6_K (the output head, half the layers' down and value projections; q/k/v are one
     packed matmul, so a Q6_K value projection takes its layer's q and k along) — so a coarse int4 layout keeps
     the source's own precision where its quantizer judged it needed. Earlier fragments win; a layout's
-    ``lm_head_bits`` (``+lm_head=N``) wins over all of them for the head (:meth:`Layout.bits_of`).
+    ``lm_head_bits`` (``+lm_head=N``) wins over all of them for the head (:meth:`Layout.bits_of`). Per-tensor
+    block sizes (``tensor_blocks``) resolve the same way.
 
     Raises:
         EdgespecError: :data:`SOURCE_BITS` without a GGUF source (``src`` None, or a source with no stored
@@ -137,7 +147,7 @@ def resolve_bits(tensor_bits: tuple[tuple[str, int], ...], src) -> dict[str, int
             out.setdefault(frag, bits)
             continue
         if not hasattr(src, "bits_per_weight"):
-            raise EdgespecError(f"+{SOURCE_BITS}={bits} follows the tensor types of a GGUF file; "
+            raise EdgespecError(f"+{SOURCE_BITS} follows the tensor types of a GGUF file; "
                                 + ("no source was given" if src is None else "this source is not a GGUF file")
                                 + " (name the tensors instead: +down_proj=8)")
         names = src.names()
@@ -164,16 +174,19 @@ def parse_layout(spec: str) -> dict:
     head, *mix = spec.strip().split("+")
     m = re.fullmatch(r"b(\d+)(z?)", head)
     bits: dict[str, int] = {}
+    blocks: dict[str, int] = {}
     for part in mix:
         frag, eq, b = part.partition("=")
-        if not eq or not re.fullmatch(r"[A-Za-z0-9_.]+", frag) or b not in ("4", "8", "32") or frag in bits:
+        into = blocks if b.startswith("b") else bits
+        if (not eq or not re.fullmatch(r"[A-Za-z0-9_.]+", frag) or frag in into
+                or (b not in ("4", "8", "32") if into is bits else b[1:] not in map(str, BLOCK_SIZES))):
             m = None
             break
-        bits[frag] = int(b)
-    if m is None or int(m.group(1)) not in (16, 32, 64, 128, 256):
+        into[frag] = int(b.lstrip("b"))
+    if m is None or int(m.group(1)) not in BLOCK_SIZES:
         raise EdgespecError(f"not a weight layout: {spec!r} (block 16, 32, 64, 128 or 256; {LAYOUT_SYNTAX})")
     return {"block_size": int(m.group(1)), "zero_points": m.group(2) == "z", "lm_head_bits": bits.pop("lm_head", None),
-            "tensor_bits": tuple(bits.items())}
+            "tensor_bits": tuple(bits.items()), "tensor_blocks": tuple(blocks.items())}
 
 
 def _log(msg: str) -> None:
@@ -225,7 +238,7 @@ def _default_format(infos) -> tuple[int, str | None]:
 def _cache_key(source: Source, opts: ExportOptions) -> str:
     o = asdict(opts)
     del o["chosen_by"]  # the manifest's note, not the graph
-    for k in ("zero_points", "tensor_bits"):  # absent when unset, so graphs cached before them stay valid
+    for k in ("zero_points", "tensor_bits", "tensor_blocks"):  # absent when unset: graphs cached before them stay valid
         if not o[k]:
             del o[k]
     if o["vocab_size"] is None:  # absent when unset, so graphs cached before the option existed stay valid
@@ -287,12 +300,13 @@ def build_graph(info: ModelInfo, opts: ExportOptions, role: str, cache: Path | N
     if opts.kv_int8 and opts.graph_format != 3:
         raise EdgespecError(f"{role}: an int8 KV cache needs graph format 3; this model gets format "
                             f"{opts.graph_format}")
-    if (opts.zero_points or opts.tensor_bits) and (opts.graph_format != 3 or info.source.kind == "hub"):
-        raise EdgespecError(f"{role}: the layout {opts.layout} (zero points, per-tensor bits) is written by the "
-                            f"streamed exporter only (graph format 3 from a GGUF file or a model directory); this "
+    if ((opts.zero_points or opts.tensor_bits or opts.tensor_blocks)
+            and (opts.graph_format != 3 or info.source.kind == "hub")):
+        raise EdgespecError(f"{role}: the layout {opts.layout} (zero points, per-tensor bits or blocks) is written by "
+                            f"the streamed exporter only (graph format 3 from a GGUF file or a model directory); this "
                             f"model gets " + ("a hub download" if info.source.kind == "hub"
                                               else f"graph format {opts.graph_format}"))
-    if uses_source_bits(opts.tensor_bits) and info.source.kind != "gguf":
+    if uses_source_bits(opts.tensor_bits + opts.tensor_blocks) and info.source.kind != "gguf":
         raise EdgespecError(f"{role}: the layout {opts.layout} follows the tensor types of a GGUF file "
                             f"(+{SOURCE_BITS}); {info.source.ref} is not a GGUF file (name the tensors instead: "
                             "+down_proj=8)")
@@ -413,7 +427,7 @@ def _build_streamed(info: ModelInfo, opts: ExportOptions, role: str, final: Path
             layout = Layout(precision=opts.precision, block_size=opts.block_size, accuracy_level=opts.accuracy_level,
                             zero_points=opts.zero_points, lm_head_bits=opts.lm_head_bits,
                             embedding_bits=EMBEDDING_BITS.get(opts.precision),
-                            bits=resolve_bits(opts.tensor_bits, src))
+                            bits=resolve_bits(opts.tensor_bits, src), blocks=resolve_bits(opts.tensor_blocks, src))
             out = tmp / "model.onnx"
             g = GraphBuilder(tmp / "model.onnx.data")
             try:
@@ -478,7 +492,8 @@ def _spec(info: ModelInfo, opts: ExportOptions, ins, outs, val: dict, kept, cont
         quantization=Quantization(opts.precision, opts.block_size if opts.precision == "int4" else None,
                                   opts.accuracy_level if opts.precision == "int4" else None,
                                   head_bits or opts.lm_head_bits or {"int4": 4, "int8": 8}.get(opts.precision, 32),
-                                  embedding_bits or 32, opts.zero_points, dict(opts.tensor_bits)),
+                                  embedding_bits or 32, opts.zero_points, dict(opts.tensor_bits),
+                                  tensor_blocks=dict(opts.tensor_blocks)),
         source=info.source.ref, source_sha256=info.source.sha256, input_names=tuple(ins),
         output_names=tuple(outs), validation=val,
         kept_token_ids="kept_token_ids.npy" if kept is not None else None, graph_format=opts.graph_format,

@@ -197,17 +197,13 @@ def _out_lock(out: Path) -> Path:
 
 def _tuned(info: ModelInfo, opts: ExportOptions, wanted: ExportOptions, role: str, cache: Path,
            min_agreement: float | None, target: tuple[Path, dict] | None) -> tuple[ExportOptions, tuple, tuple]:
-    """``--tune`` for one model: the layout is chosen on its int4 graph alone (a draft against the ``target``'s),
-    among the symmetric layouts when ``wanted`` (the options with the profile applied) has a prefill graph, which
-    needs symmetric int4 blocks; then the pieces ``wanted`` asks for are built on the chosen layout. Returns
-    (options, (graph directory, metadata) to export, the int4 graph alone)."""
-    from .build import parse_layout
+    """``--tune`` for one model: the layout is chosen on its int4 graph alone (a draft against the ``target``'s);
+    then the pieces ``wanted`` (the options with the profile applied) asks for are built on the chosen layout.
+    Returns (options, (graph directory, metadata) to export, the int4 graph alone)."""
     from .tune import CANDIDATES, tune as tune_layout
 
-    candidates = CANDIDATES if not wanted.prefill_int8 else tuple(
-        c for c in CANDIDATES if not_applicable(replace(opts, **parse_layout(c))) is None)
     chosen, gdir, meta = tune_layout(info, replace(opts, prefill_int8=False, kv_int8=False), role, cache,
-                                     candidates=candidates, min_agreement=min_agreement, target=target)
+                                     candidates=CANDIDATES, min_agreement=min_agreement, target=target)
     opts = replace(chosen, prefill_int8=wanted.prefill_int8, kv_int8=wanted.kv_int8)
     if not (opts.prefill_int8 or opts.kv_int8):
         return opts, (gdir, meta), (gdir, meta)

@@ -63,17 +63,23 @@ def _array(t: TensorProto, base: Path) -> np.ndarray:
 
 
 def dequantize_nbits(node: onnx.NodeProto, inits: dict[str, TensorProto], base: Path) -> np.ndarray | None:
-    """float32 (N, K) weights of a symmetric 4-bit ``MatMulNBits`` without zero points or bias (the value of a
-    nibble q is q − 8, times its block's scale), or None for any other form."""
+    """float32 (N, K) weights of a 4-bit ``MatMulNBits`` without bias, symmetric or with a uint8 zero point per
+    block (two per byte, low nibble first, as onnxruntime packs them): the value of a nibble q is q − z, times its
+    block's scale, z = 8 without zero points. None for any other form (8 bits, a bias, group indices)."""
     a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
-    if (node.domain != "com.microsoft" or a.get("bits", 4) != 4 or len(node.input) != 3
-            or node.input[1] not in inits or node.input[2] not in inits):
+    if (node.domain != "com.microsoft" or a.get("bits", 4) != 4 or len(node.input) not in (3, 4)
+            or any(x not in inits for x in node.input[1:])):
         return None
     k, n = a["K"], a["N"]
     b = _array(inits[node.input[1]], base)
     s = _array(inits[node.input[2]], base).reshape(n, -1).astype(np.float32)
-    q = np.stack([(b & 15).astype(np.int8), (b >> 4).astype(np.int8)], -1).reshape(n, -1) - 8
-    return (q.astype(np.float32).reshape(n, s.shape[1], -1) * s[:, :, None]).reshape(n, -1)[:, :k]
+    q = np.stack([(b & 15).astype(np.int8), (b >> 4).astype(np.int8)], -1).reshape(n, s.shape[1], -1)
+    if len(node.input) == 4:
+        zb = _array(inits[node.input[3]], base).reshape(n, -1)
+        z = np.stack([(zb & 15).astype(np.int8), (zb >> 4).astype(np.int8)], -1).reshape(n, -1)[:, :s.shape[1]]
+    else:
+        z = np.full(s.shape, 8, np.int8)
+    return ((q - z[:, :, None]).astype(np.float32) * s[:, :, None]).reshape(n, -1)[:, :k]
 
 
 def int8_columns(w: np.ndarray, bits: int = WEIGHT_BITS) -> tuple[np.ndarray, np.ndarray]:
@@ -99,8 +105,8 @@ def write_prefill_graph(graph_dir: Path, keep_int4: tuple[str, ...] = KEEP_INT4,
     docstring); returns how many matmuls became int8.
 
     Raises:
-        ValueError: the graph has no symmetric 4-bit ``MatMulNBits`` layer matmul to replace (an int8 or fp32
-            export: nothing would get faster).
+        ValueError: the graph has no 4-bit ``MatMulNBits`` layer matmul to replace (an int8 or fp32 export:
+            nothing would get faster).
     """
     graph_dir = Path(graph_dir)
     model = onnx.load(str(graph_dir / "model.onnx"), load_external_data=False)
@@ -132,7 +138,7 @@ def write_prefill_graph(graph_dir: Path, keep_int4: tuple[str, ...] = KEEP_INT4,
                 name=node.name + "_i8", domain="com.microsoft"))
     if not new_inits:
         data_path.unlink()
-        raise ValueError(f"{graph_dir / 'model.onnx'}: no symmetric 4-bit MatMulNBits layer matmul to make int8 "
+        raise ValueError(f"{graph_dir / 'model.onnx'}: no 4-bit MatMulNBits layer matmul to make int8 "
                          "(a prefill graph needs an int4 export)")
     used = {x for n in model.graph.node for x in n.input}
     keep = [t for t in model.graph.initializer if t.name not in replaced or t.name in used]

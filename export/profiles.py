@@ -15,9 +15,8 @@ Two profiles:
 ``auto`` (what ``edgespec export`` does unless told) takes ``full`` on a machine with at least
 :data:`FULL_MIN_RAM_GIB` GiB of physical memory, else ``small``: an export is normally made where it runs, and
 ``--profile`` names one for another machine. A piece of ``full`` applies to a model only where it can: the
-prefill graph to symmetric int4 weights (no zero points; ``--tune`` then chooses among the symmetric layouts),
-the int8 cache to graph format 3 and only beside a prefill graph (alone it prefills long prompts at about
-0.7×). Explicit ``--prefill-int8``/``--kv-int8`` (or their ``--no-`` forms) override the profile for their
+prefill graph to int4 weights (any layout), the int8 cache to graph format 3 and only beside a prefill graph
+(alone it prefills long prompts at about 0.7×). Explicit ``--prefill-int8``/``--kv-int8`` (or their ``--no-`` forms) override the profile for their
 piece. Not measured on an AVX2-only CPU.
 """
 
@@ -78,8 +77,6 @@ def not_applicable(opts: ExportOptions) -> str | None:
     """Why the ``full`` profile adds nothing to a model with ``opts`` (graph format decided), or None."""
     if opts.precision != "int4":
         return f"{opts.precision} weights (a prefill graph is made from int4 blocks)"
-    if opts.zero_points:
-        return f"the layout {opts.layout} has zero points (a prefill graph is made from symmetric int4 blocks)"
     return None
 
 

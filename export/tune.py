@@ -36,11 +36,11 @@ from edgespec.errors import EdgespecError
 from .build import SOURCE_BITS, ExportOptions, _log, build_graph, parse_layout, resolve_bits, uses_source_bits
 from .load import ModelInfo, weights
 
-# int4 layouts worth measuring: onnxruntime's block sizes, zero points, and 8 bits for the output head or for
-# the tensors a GGUF keeps at 6 bits or more (gguf6: a Q4_K_M file's Q6_K head, down and value projections),
-# which win back accuracy (docs/export.md, "Weight layouts"); the gguf6 ones only for a GGUF source
-CANDIDATES = ("b32", "b64", "b64z", "b128", "b128z", "b128z+lm_head=8", "b256z", "b64z+gguf6=8", "b128z+gguf6=8",
-              "b256z+gguf6=8")
+# int4 layouts worth measuring: onnxruntime's block sizes, zero points, and 8 bits or block 32 for the output
+# head or for the tensors a GGUF keeps at 6 bits or more (gguf6: a Q4_K_M file's Q6_K head, down and value
+# projections), which win back accuracy (docs/export.md, "Weight layouts"); the gguf6 ones only for a GGUF source
+CANDIDATES = ("b32", "b64", "b64z", "b128", "b128z", "b128z+lm_head=8", "b256", "b256z", "b64z+gguf6=8",
+              "b128z+gguf6=8", "b256z+gguf6=8", "b128z+gguf6=b32", "b256+gguf6=b32")
 TIMED_LAYERS = 8  # layers in the timing session (enough to spill any L3 cache), scaled to the model's depth
 ROUNDS = 15
 MIN_GAIN = 0.03  # a candidate must be this much faster than the default at one row to be worth its accuracy risk
@@ -96,24 +96,25 @@ def _timing_graph(mats: list[tuple[str, int, int]], opts: ExportOptions, path: P
 
     rng = np.random.default_rng(seed)
     lay = Layout(block_size=opts.block_size, zero_points=opts.zero_points, lm_head_bits=opts.lm_head_bits,
-                 bits=resolve_bits(opts.tensor_bits, src), accuracy_level=opts.accuracy_level)
+                 bits=resolve_bits(opts.tensor_bits, src), blocks=resolve_bits(opts.tensor_blocks, src),
+                 accuracy_level=opts.accuracy_level)
     g = GraphBuilder(path.with_name(path.name + ".data"))
     outputs = []
     try:
         for name, n, k in mats:
-            bits = lay.bits_of(name)
+            bits, block = lay.bits_of(name), lay.block_of(name)
             if bits == 32:
                 w = rng.standard_normal((k, n), dtype=np.float32)
                 out = g.node("MatMul", [f"x{k}", g.init(f"{name}.weight", w)], name)[0]
             else:
-                blocks = -(-k // opts.block_size)
-                b = rng.integers(0, 256, (n, blocks, opts.block_size * bits // 8), dtype=np.uint8)
+                blocks = -(-k // block)
+                b = rng.integers(0, 256, (n, blocks, block * bits // 8), dtype=np.uint8)
                 ins = [f"x{k}", g.init(f"{name}.B", b),
                        g.init(f"{name}.scales", rng.random(n * blocks, dtype=np.float32) * 0.02 + 0.001)]
                 if opts.zero_points:
                     ins.append(g.init(f"{name}.zp", rng.integers(0, 256, n * -(-blocks * bits // 8), dtype=np.uint8)))
                 out = g.node("MatMulNBits", ins, name, domain="com.microsoft", K=k, N=n, bits=bits,
-                             block_size=opts.block_size, accuracy_level=opts.accuracy_level)[0]
+                             block_size=block, accuracy_level=opts.accuracy_level)[0]
             outputs.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, ["M", n]))
     finally:
         g.close()
@@ -246,7 +247,8 @@ def tune(info: ModelInfo, base: ExportOptions, role: str, cache: Path | None = N
     opts = {c: replace(base, **parse_layout(c)) for c in dict.fromkeys((default.layout, *candidates))}
     src = weights(info) if info.source.kind == "gguf" else None
     if src is None or not resolve_bits(((SOURCE_BITS, 8),), src):  # no stored tensor types, or none above 6 bits:
-        opts = {c: o for c, o in opts.items() if not uses_source_bits(o.tensor_bits)}  # gguf6 would change nothing
+        opts = {c: o for c, o in opts.items()  # gguf6 would change nothing
+                if not uses_source_bits(o.tensor_bits + o.tensor_blocks)}
     when, cpu = datetime.date.today().isoformat(), cpu_name()
     _log(f"{role}: timing {len(opts)} int4 layouts on this CPU ({cpu}) at 1 and {verify_rows} rows")
     ms, drift = kernel_ms(info.config, opts, (1, verify_rows), src=src)

@@ -288,7 +288,7 @@ def test_cached_format3_graphs_of_the_fp32_embedding_are_rebuilt_format2_kept():
 
     def old_key(opts):
         o = asdict(opts)
-        for k in ("vocab_size", "prefill_int8", "kv_int8", "zero_points", "tensor_bits", "chosen_by"):
+        for k in ("vocab_size", "prefill_int8", "kv_int8", "zero_points", "tensor_bits", "tensor_blocks", "chosen_by"):
             del o[k]  # the key before those options existed
         graph = o.pop("graph_format")
         blob = json.dumps({"sha": src.sha256, "opts": o, "graph": graph}, sort_keys=True)

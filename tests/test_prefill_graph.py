@@ -305,3 +305,35 @@ def test_the_graph_cache_key_tells_the_prefill_graphs_apart():
     keys = {(f, p): _cache_key(src, ExportOptions(precision="int4", graph_format=f, prefill_int8=p))
             for f in (2, 3, 4) for p in (False, True)}
     assert len(set(keys.values())) == 6  # with and without it, per format
+
+
+@pytest.mark.parametrize("block,zero_points,k", [(32, False, 96), (64, True, 160), (128, True, 200)])
+def test_dequantized_blocks_are_what_onnxruntime_multiplies_by(tmp_path, block, zero_points, k):
+    """The prefill graph's float weights of a ``MatMulNBits`` (symmetric or with zero points, K a multiple of
+    the block or not) are the ones onnxruntime's own kernel uses: its output for the identity matrix."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from edgespec.export.families.base import Layout, linear
+    from edgespec.export.gqa_graph import GraphBuilder
+    from edgespec.export.prefill_graph import dequantize_nbits
+
+    n = 48
+    w = np.random.default_rng(block).standard_normal((n, k)).astype(np.float32)
+    g = GraphBuilder(tmp_path / "m.onnx.data")
+    y = linear(g, "x", w, "layers.0.mlp.up_proj", Layout(block_size=block, zero_points=zero_points,
+                                                           accuracy_level=1))
+    g.close()
+    graph = helper.make_graph(g.nodes, "one", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, ["M", n])], g.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    onnx.save_model(model, str(tmp_path / "m.onnx"))
+    node = model.graph.node[0]
+    assert (len(node.input) == 4) == zero_points
+    got = dequantize_nbits(node, {t.name: t for t in model.graph.initializer}, tmp_path)
+    sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    want = sess.run(None, {"x": np.eye(k, dtype=np.float32)})[0].T  # (N, K): accuracy level 1 is float32
+    assert got.shape == (n, k)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert np.abs(got - w).max() < np.abs(w).max() / 4  # and they are the weights, coarsely

@@ -44,6 +44,8 @@ def test_a_container_limit_below_the_machine_is_the_memory_auto_reads(tmp_path, 
     (ExportOptions("int4", graph_format=3), (True, True), (False, False)),
     (ExportOptions("int4", graph_format=2), (True, False), (False, False)),  # an int8 cache needs format 3
     (ExportOptions("int8", graph_format=3), (False, False), (False, False)),  # the prefill graph needs int4
+    (ExportOptions("int4", graph_format=3, zero_points=True, tensor_blocks=(("down_proj", 16),)), (True, True),
+     (False, False)),  # any int4 blocks make a prefill graph
     (ExportOptions("int4", graph_format=3, kv_int8=False), (True, False), (False, False)),  # --no-kv-int8
     (ExportOptions("int4", graph_format=3, prefill_int8=False), (False, False), (False, False)),
     (ExportOptions("int4", graph_format=3, kv_int8=True), (True, True), (False, True)),  # --kv-int8 alone

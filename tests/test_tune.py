@@ -1,5 +1,5 @@
-"""Weight layouts: the ``--layout`` spelling, graphs written in it (zero points, per-tensor bits), the manifest
-and ``edgespec info`` saying which layout an export has and why, and ``edgespec export --tune`` choosing one."""
+"""Weight layouts: the ``--layout`` spelling, graphs written in it (zero points, per-tensor bits and blocks), the
+manifest and ``edgespec info`` saying which layout an export has and why, and ``edgespec export --tune`` choosing one."""
 
 import json
 
@@ -12,7 +12,7 @@ from edgespec.io.manifest import load_manifest
 
 
 @pytest.mark.parametrize("spec", ["b32", "b128z", "b64+down_proj=8", "b256z+layers.0.=8+down_proj=32+lm_head=8",
-                                  "b16+lm_head=4"])
+                                  "b16+lm_head=4", "b256+down_proj=b32", "b128z+gguf6=8+lm_head=8+gguf6=b64"])
 def test_a_layout_spelling_reads_back_as_itself(spec):
     from edgespec.export.build import ExportOptions, parse_layout
 
@@ -20,7 +20,8 @@ def test_a_layout_spelling_reads_back_as_itself(spec):
 
 
 @pytest.mark.parametrize("spec", ["", "b48", "128", "b128x", "b128+down_proj", "b128+down_proj=6",
-                                  "b128+down proj=8", "b64+down_proj=8+down_proj=4", "b512"])
+                                  "b128+down proj=8", "b64+down_proj=8+down_proj=4", "b512", "b128+down_proj=b48",
+                                  "b128+down_proj=b32+down_proj=b64", "b128+down_proj=bb32"])
 def test_a_bad_layout_is_one_line_naming_the_syntax(spec):
     from edgespec.export.build import parse_layout
 
@@ -41,14 +42,14 @@ def test_the_default_layout_keeps_its_graph_cache_key():
     src = Source(ref="x", kind="hf", path=None, sha256="ab" * 32)
     o = {k: v for k, v in asdict(ExportOptions(graph_format=3)).items()
          if k not in ("vocab_size", "prefill_int8", "kv_int8", "graph_format", "zero_points", "tensor_bits",
-                      "chosen_by")}
+                      "tensor_blocks", "chosen_by")}
     old = hashlib.sha256(json.dumps({"sha": src.sha256, "opts": o, "graph": 3, "revision": GRAPH_REVISIONS[3]},
                                     sort_keys=True).encode()).hexdigest()[:24]
     assert _cache_key(src, ExportOptions(graph_format=3)) == old
     assert _cache_key(src, ExportOptions(graph_format=3, chosen_by="tuned")) == old
     keys = {_cache_key(src, ExportOptions(graph_format=3, **parse_layout(s)))
-            for s in ("b32", "b32z", "b32+down_proj=8", "b32+down_proj=4", "b32+lm_head=8")}
-    assert len(keys) == 5
+            for s in ("b32", "b32z", "b32+down_proj=8", "b32+down_proj=4", "b32+lm_head=8", "b32+down_proj=b64")}
+    assert len(keys) == 6
 
 
 def _nbits_nodes(graph_dir):
@@ -83,6 +84,30 @@ def test_a_layout_is_written_recorded_and_shown(home, tiny_dirs, tmp_path, capsy
     assert "layout: given (b16z+down_proj=8+lm_head=8)" in text
 
 
+def test_per_tensor_blocks_are_written_recorded_shown_and_carry_a_prefill_graph(home, tiny_dirs, tmp_path, capsys):
+    """``+fragment=b<block>`` gives the matmuls it names their own block size (bits as the rest say); a prefill
+    graph is made from those blocks too."""
+    from edgespec.apps.cli import main
+
+    out = tmp_path / "blocks"
+    code = main(["export", "--target", str(tiny_dirs["target"]), "--draft", str(tiny_dirs["draft"]),
+                 "--out", str(out), "--layout", "b64z+down_proj=8+down_proj=b16+qkv_proj=b32", "--profile", "full"])
+    assert code == 0, capsys.readouterr().err
+    m = load_manifest(out)
+    q = m.target.quantization
+    assert (q.block_size, q.zero_points, q.tensor_bits, q.tensor_blocks) == (
+        64, True, {"down_proj": 8}, {"down_proj": 16, "qkv_proj": 32})
+    nodes = _nbits_nodes(out / "target")
+    for name, (attrs, ins) in nodes.items():
+        want = 16 if "down_proj" in name else 32 if "qkv_proj" in name else 64
+        assert (attrs["block_size"], attrs["bits"], len(ins)) == (want, 8 if "down_proj" in name else 4, 4), name
+    assert {a["block_size"] for a, _ in nodes.values()} == {16, 32, 64}
+    assert m.target.prefill_path and m.target.kv_cache == "int8"  # zero points: a prefill graph all the same
+    capsys.readouterr()
+    assert main(["info", str(out)]) == 0
+    assert "down_proj 8 bits, down_proj block 16, qkv_proj block 32, lm_head" in capsys.readouterr().out
+
+
 def test_the_default_layout_says_so(tiny_export, capsys):
     from edgespec.apps.cli import main
 
@@ -104,6 +129,8 @@ def test_the_default_layout_says_so(tiny_export, capsys):
     (["--layout", "b32z", "--graph-format", "2"], "streamed exporter only"),
     (["--voice", "--tune"], "--tune applies to a pair export"),
     (["--layout", "b64z+gguf6=8"], "is not a GGUF file"),
+    (["--layout", "b256+gguf6=b32"], "is not a GGUF file"),
+    (["--layout", "b64+down_proj=b32", "--graph-format", "2"], "streamed exporter only"),
 ])
 def test_the_cli_refuses_a_layout_it_cannot_honour_in_one_line(home, tiny_dirs, tmp_path, capsys, args, said):
     from edgespec.apps.cli import main
@@ -122,7 +149,8 @@ def test_kernel_timing_runs_every_layout_at_the_model_shapes():
 
     cfg = ModelConfig(architecture="qwen2", num_layers=12, hidden_size=256, intermediate_size=512, num_heads=4,
                       num_kv_heads=2, head_dim=64, vocab_size=1000)
-    lays = {s: ExportOptions(**parse_layout(s)) for s in ("b32", "b128z+down_proj=8+lm_head=8", "b64+lm_head=32")}
+    lays = {s: ExportOptions(**parse_layout(s)) for s in ("b32", "b128z+down_proj=8+lm_head=8", "b64+lm_head=32",
+                                                   "b256+down_proj=b16")}
     ms, drift = kernel_ms(cfg, lays, (1, 3), rounds=3)
     assert set(ms) == set(lays) and all(set(v) == {1, 3} and min(v.values()) > 0 for v in ms.values())
     assert drift > 0
@@ -159,10 +187,10 @@ def _fake_timings(monkeypatch, fast: list[str]):
     monkeypatch.setattr("edgespec.export.tune.graph_step_ms", graph_step_ms)
 
 
-def test_tune_under_the_full_profile_chooses_among_symmetric_layouts_then_adds_the_prefill_graphs(
+def test_tune_under_the_full_profile_adds_the_prefill_graphs_to_the_chosen_layout(
         home, tiny_dirs, tmp_path, monkeypatch, capsys):
-    """A prefill graph is made from symmetric int4 blocks: under ``--profile full`` the zero-point layouts are
-    not candidates, and the chosen layout's graph carries the prefill graph, the int8 cache and the tune report."""
+    """Under ``--profile full`` every layout is a candidate (a prefill graph is made from any int4 blocks), and
+    the chosen layout's graph carries the prefill graph, the int8 cache and the tune report."""
     from edgespec.apps.cli import main
 
     _fake_timings(monkeypatch, ["b64", "b128z"])
@@ -173,8 +201,8 @@ def test_tune_under_the_full_profile_chooses_among_symmetric_layouts_then_adds_t
     m = load_manifest(out)
     for g in (m.target, m.draft):
         layouts = [c["layout"] for c in g.validation["tune"]["candidates"]]
-        assert "b64" in layouts and not any("z" in c for c in layouts)
-        assert g.quantization.block_size == 64 and not g.quantization.zero_points
+        assert {"b64", "b128z"} <= set(layouts)
+        assert g.quantization.block_size in (64, 128)
         assert g.prefill_path and g.kv_cache == "int8" and "kv_int8" in g.validation
     assert m.profile == "full"
 

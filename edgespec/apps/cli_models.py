@@ -181,6 +181,8 @@ def cmd_info(a) -> int:
                  f"{q.accuracy_level})" if q.block_size else "")
               + "".join(f", {frag}{' (the tensors the GGUF stores at 6+ bits)' if frag == 'gguf6' else ''} "
                         f"{b} bits" for frag, b in q.tensor_bits.items())
+              + "".join(f", {frag}{' (the tensors the GGUF stores at 6+ bits)' if frag == 'gguf6' else ''} "
+                        f"block {b}" for frag, b in q.tensor_blocks.items())
               + f", lm_head {q.lm_head_bits} bits, embedding {q.embedding_bits} bits, graph format {g.graph_format}"
               + (f", KV cache {g.kv_cache}" if g.kv_cache != "float32" else "")
               + (f" (prefill graph {g.prefill_cache_type})" if g.prefill_path and g.prefill_cache_type != g.kv_cache

@@ -35,7 +35,8 @@ class Quantization:
     does; of 32 in int8 graphs built through torch). The graph's own ``block_size`` attributes are authoritative.
     ``zero_points``: the int4 blocks are asymmetric (a uint8 zero point each). ``tensor_bits`` maps a weight-name
     fragment (``down_proj``, ``layers.0.``) to the bits kept for the matmuls whose name contains it (4, 8 or 32;
-    the first fragment that matches wins). ``chosen_by`` says why the export has this layout (the default, the
+    the first fragment that matches wins); ``tensor_blocks`` maps one to their block size (else ``block_size``).
+    ``chosen_by`` says why the export has this layout (the default, the
     user's ``--layout``, or ``edgespec export --tune``'s measurements on a named CPU and date).
     """
 
@@ -47,6 +48,7 @@ class Quantization:
     zero_points: bool = False
     tensor_bits: dict = field(default_factory=dict, hash=False)
     chosen_by: str | None = None
+    tensor_blocks: dict = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -200,6 +202,9 @@ _KINDS = {
     "bits": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and k and v[k] in (4, 8, 32)
                                                    and not isinstance(v[k], bool) for k in v),
              "an object of weight-name fragments to bits (4, 8 or 32)"),
+    "blocks": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and k and v[k] in (16, 32, 64, 128, 256)
+                                                     and not isinstance(v[k], bool) for k in v),
+               "an object of weight-name fragments to block sizes (16, 32, 64, 128 or 256)"),
     "number?": (lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
                 "a number or null"),
     "size": (lambda v: _is_int(v) and v >= 0, "a size in bytes (an integer ≥ 0)"),
@@ -228,7 +233,8 @@ def _fields(d: Any, where: str, spec: dict[str, tuple[str, bool]]) -> dict:
 PRECISIONS = ("int4", "int8", "fp32")  # what the exporter writes (Quantization)
 _QUANTIZATION = {"precision": ("str", True), "block_size": ("pos?", False), "accuracy_level": ("nonneg?", False),
                  "lm_head_bits": ("pos", False), "embedding_bits": ("pos", False), "zero_points": ("bool", False),
-                 "tensor_bits": ("bits", False), "chosen_by": ("str?", False)}
+                 "tensor_bits": ("bits", False), "chosen_by": ("str?", False),
+                 "tensor_blocks": ("blocks", False)}
 _GRAPH = {"path": ("str", True), "architecture": ("str", True), "num_layers": ("pos", True),
           "num_kv_heads": ("pos", True), "head_dim": ("pos", True), "vocab_size": ("pos", True),
           "context_length": ("pos", True), "quantization": ("object", True), "source": ("str", True),

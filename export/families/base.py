@@ -43,7 +43,8 @@ class Layout:
     the input dimension, ``accuracy_level``, symmetric unless ``zero_points``) or fp32 (``MatMul``);
     ``lm_head_bits`` 4 / 8 / 32 for the output head (None: as the layers); ``embedding_bits`` 4 / 8 for the token
     table (``GatherBlockQuantized``; None: a float32 ``Gather``). ``bits`` maps a weight-name fragment
-    (``down_proj``, ``layers.0.``) to the bits of the matmuls whose name contains it (4, 8 or 32)."""
+    (``down_proj``, ``layers.0.``) to the bits of the matmuls whose name contains it (4, 8 or 32), ``blocks``
+    one to their block size (else ``block_size``)."""
 
     precision: str = "int4"
     block_size: int = 32
@@ -52,6 +53,11 @@ class Layout:
     lm_head_bits: int | None = None
     embedding_bits: int | None = 8
     bits: dict = field(default_factory=dict, hash=False)
+    blocks: dict = field(default_factory=dict, hash=False)
+
+    def block_of(self, name: str) -> int:
+        """The block size of the matmul ``name`` (the first fragment of ``blocks`` in it, else ``block_size``)."""
+        return next((b for frag, b in self.blocks.items() if frag in name), self.block_size)
 
     def bits_of(self, name: str) -> int:
         """The bits of the matmul ``name`` (``layers.3.mlp.down_proj``; ``lm_head``)."""
@@ -88,7 +94,7 @@ def linear(g: GraphBuilder, x: str, w: np.ndarray, name: str, layout: Layout, bi
     values of onnxruntime's quantizer (``DefaultWeightOnlyQuantizer.qbits_block_quant``, the one
     ``MatMulNBitsQuantizer`` calls) at ``layout.bits_of(name)`` bits, or a float32 ``MatMul`` at 32 bits. The
     output is named ``out`` when given. Returns the output's name."""
-    bits = layout.bits_of(name)
+    bits, block = layout.bits_of(name), layout.block_of(name)
     if bits == 32:
         y = g.node("MatMul", [x, g.init(f"{name}.weight", np.ascontiguousarray(np.asarray(w[:]).T))],
                    f"{name}/MatMul")[0]
@@ -98,7 +104,7 @@ def linear(g: GraphBuilder, x: str, w: np.ndarray, name: str, layout: Layout, bi
 
         n, k = w.shape  # a k that is no multiple of the block: the quantizer pads the last block with zeros
         q = DefaultWeightOnlyQuantizer(DefaultWeightOnlyQuantConfig(
-            block_size=layout.block_size, is_symmetric=not layout.zero_points, accuracy_level=layout.accuracy_level,
+            block_size=block, is_symmetric=not layout.zero_points, accuracy_level=layout.accuracy_level,
             bits=bits))
         parts = [q.qbits_block_quant(np.ascontiguousarray(w[r:r + ROWS_PER_CHUNK].T, dtype=np.float32))
                  for r in range(0, n, ROWS_PER_CHUNK)]  # output rows in chunks: no transposed copy of w
@@ -108,7 +114,7 @@ def linear(g: GraphBuilder, x: str, w: np.ndarray, name: str, layout: Layout, bi
         if layout.zero_points:
             ins.append(g.init(f"{name}.weight_zero_points", zp))
         y = g.node("MatMulNBits", ins, f"{name}/MatMul_Q{bits}", domain="com.microsoft", K=k, N=n, bits=bits,
-                   block_size=layout.block_size, accuracy_level=layout.accuracy_level)[0]
+                   block_size=block, accuracy_level=layout.accuracy_level)[0]
     if bias is not None:
         y = g.node("Add", [y, g.init(f"{name}.bias", bias)], f"{name}/Add")[0]
     if out is not None:  # the last node writes ``out`` itself (the output head's node produces ``logits``)
