@@ -16,8 +16,8 @@ Two profiles:
 :data:`FULL_MIN_RAM_GIB` GiB of physical memory, else ``small``: an export is normally made where it runs, and
 ``--profile`` names one for another machine. A piece of ``full`` applies to a model only where it can: the
 prefill graph to int4 weights (any layout), the int8 cache to graph format 3 and only beside a prefill graph
-(alone it prefills long prompts at about 0.7×). Explicit ``--prefill-int8``/``--kv-int8`` (or their ``--no-`` forms) override the profile for their
-piece. Not measured on an AVX2-only CPU.
+(alone it prefills long prompts at about 0.7×). Explicit ``--prefill-int8``/``--kv-int8`` (or their ``--no-``
+forms) override the profile for their piece. Not measured on an AVX2-only CPU.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Weight layouts: the ``--layout`` spelling, graphs written in it (zero points, per-tensor bits and blocks), the
-manifest and ``edgespec info`` saying which layout an export has and why, and ``edgespec export --tune`` choosing one."""
+manifest and ``edgespec info`` saying which layout an export has and why, and ``edgespec export --tune`` choosing
+one."""
 
 import json
 
