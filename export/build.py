@@ -143,6 +143,9 @@ def resolve_bits(tensor_bits: tuple[tuple[str, int], ...], src) -> dict[str, int
 
     out: dict[str, int] = {}
     for frag, bits in tensor_bits:
+        if frag == "lm_head":  # named outright (a block size: +lm_head=b256): whatever gguf6 says of the head
+            out["lm_head"] = bits
+            continue
         if frag != SOURCE_BITS:
             out.setdefault(frag, bits)
             continue
@@ -160,11 +163,11 @@ def resolve_bits(tensor_bits: tuple[tuple[str, int], ...], src) -> dict[str, int
 
 
 def parse_layout(spec: str) -> dict:
-    """The :class:`ExportOptions` fields of a weight layout: ``b<block>`` (32…256), ``z`` for zero points, then
+    """The :class:`ExportOptions` fields of a weight layout: ``b<block>`` (16…256), ``z`` for zero points, then
     ``+fragment=bits`` for the matmuls whose weight name contains the fragment (``down_proj``, ``layers.0.``;
     ``lm_head`` is the output head; ``gguf6`` the matmuls the source GGUF stores at 6 bits or more,
-    :func:`resolve_bits`), bits 4, 8 or 32. Returns ``block_size``, ``zero_points``, ``lm_head_bits`` and
-    ``tensor_bits``.
+    :func:`resolve_bits`), bits 4, 8 or 32, or ``+fragment=b<block>`` for their own block size. Returns
+    ``block_size``, ``zero_points``, ``lm_head_bits``, ``tensor_bits`` and ``tensor_blocks``.
 
     Raises:
         EdgespecError: a spelling that is not a layout (one line, with the syntax).
@@ -457,7 +460,11 @@ def _build_streamed(info: ModelInfo, opts: ExportOptions, role: str, final: Path
                 from .prefill_graph import PREFILL_NAME, write_prefill_graph
 
                 bar.set_description(f"{role}: int8 prefill graph")
-                write_prefill_graph(tmp)
+                try:
+                    write_prefill_graph(tmp)
+                except ValueError:  # every layer matmul kept at 8 or 32 bits by the layout
+                    raise EdgespecError(f"{role}: the layout {opts.layout} leaves no 4-bit layer matmul for an int8 "
+                                        "prefill graph; export with --no-prefill-int8 (or --profile small)") from None
                 pre = graph_logits(tmp / PREFILL_NAME, ids, layers, kv, hd)
                 val["prefill_int8"] = {"vs_fp32": _agreement(ref if kept is None else ref[:, kept], pre),
                                        "vs_graph": _agreement(graph_logits(out, ids, layers, kv, hd), pre)}

@@ -155,7 +155,7 @@ def export_pair(target: str | None, draft: str | None, out: str | Path | None = 
             reasons = "; ".join(f"{r}: {why}" for r, why in unused)
             if profile == "full":  # asked for, and it would write nothing: say so before any work
                 raise EdgespecError(f"--profile full adds nothing to this pair ({reasons}); drop it or use int4 "
-                                    "without zero points")
+                                    "weights")
             profile_name, profile_why = "small", f"{profile_why}, but full adds nothing here ({reasons})"
     cache = paths.cache_dir("graphs")
     scratch = None

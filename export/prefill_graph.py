@@ -68,7 +68,8 @@ def dequantize_nbits(node: onnx.NodeProto, inits: dict[str, TensorProto], base: 
     block's scale, z = 8 without zero points. None for any other form (8 bits, a bias, group indices)."""
     a = {x.name: helper.get_attribute_value(x) for x in node.attribute}
     if (node.domain != "com.microsoft" or a.get("bits", 4) != 4 or len(node.input) not in (3, 4)
-            or any(x not in inits for x in node.input[1:])):
+            or any(x not in inits for x in node.input[1:])
+            or (len(node.input) == 4 and inits[node.input[3]].data_type != TensorProto.UINT8)):
         return None
     k, n = a["K"], a["N"]
     b = _array(inits[node.input[1]], base)

@@ -31,6 +31,19 @@ def test_a_bad_layout_is_one_line_naming_the_syntax(spec):
     assert "\n" not in str(e.value) and "b128z+down_proj=8+lm_head=8" in str(e.value)
 
 
+def test_the_output_head_named_outright_wins_over_gguf6_in_either_order():
+    from types import SimpleNamespace
+
+    from edgespec.export.build import parse_layout, resolve_bits
+
+    names = ["lm_head.weight", "model.layers.0.mlp.down_proj.weight", "model.layers.0.mlp.up_proj.weight"]
+    src = SimpleNamespace(names=lambda: names, config=SimpleNamespace(tie_word_embeddings=False),
+                          bits_per_weight=lambda n: 4.5 if "up_proj" in n else 6.5625)
+    for spec in ("b64+gguf6=b32+lm_head=b256", "b64+lm_head=b256+gguf6=b32"):
+        blocks = resolve_bits(parse_layout(spec)["tensor_blocks"], src)
+        assert blocks == {"lm_head": 256, "layers.0.mlp.down_proj": 32}, spec
+
+
 def test_the_default_layout_keeps_its_graph_cache_key():
     """Graphs cached before zero points and per-tensor bits existed are still found; each layout has its own key;
     ``chosen_by`` (the manifest's note) does not change the graph."""
@@ -132,6 +145,7 @@ def test_the_default_layout_says_so(tiny_export, capsys):
     (["--layout", "b64z+gguf6=8"], "is not a GGUF file"),
     (["--layout", "b256+gguf6=b32"], "is not a GGUF file"),
     (["--layout", "b64+down_proj=b32", "--graph-format", "2"], "streamed exporter only"),
+    (["--layout", "b32+layers.=8", "--profile", "full"], "no 4-bit layer matmul for an int8 prefill graph"),
 ])
 def test_the_cli_refuses_a_layout_it_cannot_honour_in_one_line(home, tiny_dirs, tmp_path, capsys, args, said):
     from edgespec.apps.cli import main

@@ -31,10 +31,10 @@ def add_export_parser(sub) -> None:
                    help="keep the output head at this many bits")
     p.add_argument("--layout", metavar="SPEC", default=None,
                    help="the int4 weight layout of both models in one spelling, b<block>[z][+fragment=bits]…: "
-                        "block 16-256, z for zero points, then the bits (4, 8, 32) of the matmuls whose weight "
-                        "name contains a fragment (down_proj, layers.0., lm_head; gguf6: the tensors the GGUF "
-                        "stores at 6 bits or more); e.g. b128z+down_proj=8+lm_head=8, b128z+gguf6=8 "
-                        "(default b32; docs/export.md)")
+                        "block 16-256, z for zero points, then the bits (4, 8, 32) or the block (b16-b256) of the "
+                        "matmuls whose weight name contains a fragment (down_proj, layers.0., lm_head; gguf6: the "
+                        "tensors the GGUF stores at 6 bits or more); e.g. b128z+down_proj=8+lm_head=8, "
+                        "b128z+gguf6=8, b256+gguf6=b32 (default b32; docs/export.md)")
     p.add_argument("--draft-layout", metavar="SPEC", default=None,
                    help="the draft's layout, when it differs from the target's (it only proposes tokens: a "
                         "coarser layout costs some acceptance, not output quality)")
