@@ -133,17 +133,13 @@ def parse_layout(name: str, src=None):
     """``b128z+down_proj=8+lm_head=8`` (``edgespec export --layout``'s spelling) → an
     :class:`export.families.base.Layout`; ``src``, the GGUF source that ``+gguf6`` follows."""
     from edgespec.errors import EdgespecError
+    from edgespec.export.build import ExportOptions, weight_layout
     from edgespec.export.build import parse_layout as fields
-    from edgespec.export.build import resolve_bits
-    from edgespec.export.families.base import Layout
 
     try:
-        f = fields(name)
-        bits, blocks = resolve_bits(f["tensor_bits"], src), resolve_bits(f["tensor_blocks"], src)
+        return weight_layout(ExportOptions(**fields(name)), src)
     except EdgespecError as e:
         raise SystemExit(f"export_cost: {e}") from None
-    return Layout(block_size=f["block_size"], zero_points=f["zero_points"], lm_head_bits=f["lm_head_bits"],
-                  bits=bits, blocks=blocks)
 
 
 def _nll(logits: np.ndarray, ids: np.ndarray) -> float:

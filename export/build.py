@@ -99,11 +99,16 @@ class ExportOptions:
             if not isinstance(frag, str) or not frag or block not in BLOCK_SIZES:
                 raise EdgespecError(f"per-tensor blocks must map a weight-name fragment to a block size "
                                     f"({', '.join(map(str, BLOCK_SIZES))}), not {frag!r}={block!r}")
-        if (self.zero_points or self.tensor_bits or self.tensor_blocks) and self.graph_format not in (None, 3):
+        if self.streamed_only and self.graph_format not in (None, 3):
             raise EdgespecError(f"zero points and per-tensor bits or blocks are written by the streamed exporter only "
                                 f"(graph format 3), not graph format {self.graph_format}")
-        if (self.zero_points or self.tensor_bits or self.tensor_blocks) and self.precision == "fp32":
+        if self.streamed_only and self.precision == "fp32":
             raise EdgespecError("zero points and per-tensor bits or blocks apply to int4 and int8 weights, not fp32")
+
+    @property
+    def streamed_only(self) -> bool:
+        """Whether the layout has zero points or per-tensor bits or blocks, which only format 3 writes."""
+        return bool(self.zero_points or self.tensor_bits or self.tensor_blocks)
 
     @property
     def layout(self) -> str:
@@ -160,6 +165,21 @@ def resolve_bits(tensor_bits: tuple[tuple[str, int], ...], src) -> dict[str, int
             if m is not None and src.bits_per_weight(name) >= SOURCE_BITS_FLOOR:
                 out.setdefault(m, bits)
     return out
+
+
+def weight_layout(opts: ExportOptions, src):
+    """The :class:`export.families.base.Layout` a streamed graph of ``opts`` is written in, its per-tensor bits
+    and blocks resolved against the source ``src`` (:func:`resolve_bits`).
+
+    Raises:
+        EdgespecError: as :func:`resolve_bits`.
+    """
+    from .families.base import Layout
+
+    return Layout(precision=opts.precision, block_size=opts.block_size, accuracy_level=opts.accuracy_level,
+                  zero_points=opts.zero_points, lm_head_bits=opts.lm_head_bits,
+                  embedding_bits=EMBEDDING_BITS.get(opts.precision), bits=resolve_bits(opts.tensor_bits, src),
+                  blocks=resolve_bits(opts.tensor_blocks, src))
 
 
 def parse_layout(spec: str) -> dict:
@@ -303,8 +323,7 @@ def build_graph(info: ModelInfo, opts: ExportOptions, role: str, cache: Path | N
     if opts.kv_int8 and opts.graph_format != 3:
         raise EdgespecError(f"{role}: an int8 KV cache needs graph format 3; this model gets format "
                             f"{opts.graph_format}")
-    if ((opts.zero_points or opts.tensor_bits or opts.tensor_blocks)
-            and (opts.graph_format != 3 or info.source.kind == "hub")):
+    if opts.streamed_only and (opts.graph_format != 3 or info.source.kind == "hub"):
         raise EdgespecError(f"{role}: the layout {opts.layout} (zero points, per-tensor bits or blocks) is written by "
                             f"the streamed exporter only (graph format 3 from a GGUF file or a model directory); this "
                             f"model gets " + ("a hub download" if info.source.kind == "hub"
@@ -406,7 +425,7 @@ def _build_streamed(info: ModelInfo, opts: ExportOptions, role: str, final: Path
     """The format-3 graph of a GGUF file or safetensors directory, written one tensor at a time
     (:mod:`.families`), then validated against the numpy reference of the same weights."""
     from .families import family_for
-    from .families.base import Layout, build
+    from .families.base import build
     from .gqa_graph import GraphBuilder
     from .validate import (AGREEMENT_FLOOR, FP32_TOLERANCE, _agreement, graph_logits, reference_logits,
                            validate_reference, validation_ids)
@@ -427,10 +446,7 @@ def _build_streamed(info: ModelInfo, opts: ExportOptions, role: str, final: Path
                 kept, how = kept_token_ids(info.tokenizer, info.logits_width, opts.vocab_size)
                 np.save(tmp / "kept_token_ids.npy", kept)
                 val["pruned_vocab"] = {"size": int(len(kept)), "source": how}
-            layout = Layout(precision=opts.precision, block_size=opts.block_size, accuracy_level=opts.accuracy_level,
-                            zero_points=opts.zero_points, lm_head_bits=opts.lm_head_bits,
-                            embedding_bits=EMBEDDING_BITS.get(opts.precision),
-                            bits=resolve_bits(opts.tensor_bits, src), blocks=resolve_bits(opts.tensor_blocks, src))
+            layout = weight_layout(opts, src)
             out = tmp / "model.onnx"
             g = GraphBuilder(tmp / "model.onnx.data")
             try:

@@ -200,10 +200,10 @@ def _tuned(info: ModelInfo, opts: ExportOptions, wanted: ExportOptions, role: st
     """``--tune`` for one model: the layout is chosen on its int4 graph alone (a draft against the ``target``'s);
     then the pieces ``wanted`` (the options with the profile applied) asks for are built on the chosen layout.
     Returns (options, (graph directory, metadata) to export, the int4 graph alone)."""
-    from .tune import CANDIDATES, tune as tune_layout
+    from .tune import tune as tune_layout
 
     chosen, gdir, meta = tune_layout(info, replace(opts, prefill_int8=False, kv_int8=False), role, cache,
-                                     candidates=CANDIDATES, min_agreement=min_agreement, target=target)
+                                     min_agreement=min_agreement, target=target)
     opts = replace(chosen, prefill_int8=wanted.prefill_int8, kv_int8=wanted.kv_int8)
     if not (opts.prefill_int8 or opts.kv_int8):
         return opts, (gdir, meta), (gdir, meta)

@@ -33,7 +33,8 @@ import numpy as np
 
 from edgespec.errors import EdgespecError
 
-from .build import SOURCE_BITS, ExportOptions, _log, build_graph, parse_layout, resolve_bits, uses_source_bits
+from .build import (SOURCE_BITS, ExportOptions, _log, build_graph, parse_layout, resolve_bits, uses_source_bits,
+                    weight_layout)
 from .load import ModelInfo, weights
 
 # int4 layouts worth measuring: onnxruntime's block sizes, zero points, and 8 bits or block 32 for the output
@@ -91,13 +92,10 @@ def _timing_graph(mats: list[tuple[str, int, int]], opts: ExportOptions, path: P
     import onnx
     from onnx import TensorProto, helper
 
-    from .families.base import Layout
     from .gqa_graph import GraphBuilder
 
     rng = np.random.default_rng(seed)
-    lay = Layout(block_size=opts.block_size, zero_points=opts.zero_points, lm_head_bits=opts.lm_head_bits,
-                 bits=resolve_bits(opts.tensor_bits, src), blocks=resolve_bits(opts.tensor_blocks, src),
-                 accuracy_level=opts.accuracy_level)
+    lay = weight_layout(opts, src)
     g = GraphBuilder(path.with_name(path.name + ".data"))
     outputs = []
     try:
