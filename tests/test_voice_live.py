@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from edgespec.voice.audio import Endpointer, find_speech, read_wav, resample, to_int16
-from test_voice import SENTENCES, asr_dir, piper, question, run, words  # noqa: F401 (fixtures)
+from test_voice import SENTENCES, asr, asr_dir, piper, question, run, wer, words  # noqa: F401 (fixtures)
 
 
 def test_follow_speech_reports_pauses_and_resumes():
@@ -73,7 +73,8 @@ def test_microphone_and_speaker_through_alsa_file_plugin(tiny_export, home, asr_
     assert spk.is_file() and spk.stat().st_size // 2 >= rep["answer_audio_s"] * 22050 * 0.99 > 0
 
 
-def test_microphone_pause_inside_a_question_cancels_the_eager_turn(tiny_export, home, asr_dir, piper, tmp_path):
+def test_microphone_pause_inside_a_question_cancels_the_eager_turn(tiny_export, home, asr, asr_dir, piper,
+                                                                   tmp_path):
     """A 0.35 s pause between two sentences starts an eager turn, the second sentence cancels it (nothing is
     played for it), and the answer is to the whole question."""
     pytest.importorskip("sounddevice", exc_type=OSError)
@@ -83,14 +84,23 @@ def test_microphone_pause_inside_a_question_cancels_the_eager_turn(tiny_export, 
         sp = find_speech(x, 16000, pad_s=0.0)
         parts += [x[sp.start:sp.end], np.zeros(5600, np.float32)]  # 0.35 s pause
     mic, spk = tmp_path / "mic.raw", tmp_path / "speaker.raw"
-    to_int16(np.concatenate(parts[:-1] + [np.zeros(32000, np.float32)])).tofile(mic)
+    samples = to_int16(np.concatenate(parts[:-1] + [np.zeros(32000, np.float32)]))
+    samples.tofile(mic)
     (tmp_path / ".asoundrc").write_text(
         f'pcm.!default {{\n type file\n slave.pcm "null"\n file "{spk}"\n infile "{mic}"\n format "raw"\n}}\n')
     r = run(["voice", str(tiny_export), "--turns", "1", "--json", "--k", "2", "--max-new-tokens", "16",
              "--tts", "espeak", "--asr-dir", str(asr_dir)], home, {"HOME": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
-    assert words(rep["transcript"]) == words(SENTENCES[0] + " " + SENTENCES[3])
+    # the whole question, as the same recognizer hears the microphone's samples on this CPU (a word the speech
+    # models get wrong on one CPU, "turn" heard as "kern", is not what this test is about) ...
+    x = samples.astype(np.float32) / 32768
+    sp = find_speech(x, 16000)
+    whole = asr.transcribe(x[sp.start:sp.end]).text
+    assert words(rep["transcript"]) == words(whole), rep
+    # ... and that is both sentences (one misheard word at most), not the first one the eager turn started on
+    edits, n = wer(SENTENCES[0] + " " + SENTENCES[3], whole)
+    assert edits <= 1 and words(whole)[-3:] == ["in", "the", "kitchen"], whole
     assert rep["extra"]["eager_restarts"] >= 1
     assert spk.stat().st_size // 2 == pytest.approx(rep["answer_audio_s"] * 22050, rel=0.01)  # one answer played
 
