@@ -6,7 +6,8 @@
 - A GGUF file: its ``tokenizer.ggml.*`` keys become a ``tokenizers`` byte-level BPE — vocabulary and merges as
   stored, the pre-tokenizer that ``tokenizer.ggml.pre`` names (:data:`PRE_TOKENIZERS`), control tokens added as
   special and user-defined ones as plain added tokens at their GGUF ids (``<|fim_prefix|>`` is one token) — and
-  ``tokenizer.chat_template`` and the bos/eos/padding ids are read from the header.
+  ``tokenizer.chat_template`` and the bos/eos/padding ids are read from the header; ``<bos>`` goes in front of an
+  encoded text (with special tokens) when ``tokenizer.ggml.add_bos_token`` says so (Llama 3; not Qwen).
 - A GGUF file with a SentencePiece BPE tokenizer (``tokenizer.ggml.model == "llama"``: tokens and scores, no
   merges; Gemma 3, Llama 2): a ``tokenizers`` BPE with byte fallback whose merges come from the scores
   (:func:`spm_merges`), spaces written "▁", ``<0xNN>`` byte tokens, the same added tokens, and ``<bos>`` put in
@@ -110,7 +111,9 @@ def from_gguf(reader, path: Path) -> TokenizerInfo:
             pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     backend.decoder = decoders.ByteLevel()
-    backend.post_processor = processors.ByteLevel(trim_offsets=False)
+    ends = _ends_processor(field, tokens, add_bos_default=False)  # Llama 3's <|begin_of_text|>; none for Qwen
+    backend.post_processor = processors.ByteLevel(trim_offsets=False) if ends is None else \
+        processors.Sequence([processors.ByteLevel(trim_offsets=False), ends])
     special = [AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types)
                if t == GGUF_CONTROL]
     plain = [AddedToken(tokens[i], special=False, normalized=False) for i, t in enumerate(types)
@@ -156,7 +159,7 @@ def _spm_backend(field):
     as "▁" (and one in front of each piece of text when ``add_space_prefix``, llama.cpp's default for this
     model: it prefixes the text after every added token too), merged by score, characters outside the vocabulary
     as ``<0xNN>`` bytes; decoding undoes the "▁" and fuses the bytes."""
-    from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
     from tokenizers import Tokenizer as Backend
 
     tokens, scores = field("tokenizer.ggml.tokens"), field("tokenizer.ggml.scores")
@@ -180,15 +183,29 @@ def _spm_backend(field):
                                 for i, t in enumerate(types) if t == GGUF_CONTROL])
     backend.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
                         for i, t in enumerate(types) if t == GGUF_USER_DEFINED])
-    ends = [(k, field(f"tokenizer.ggml.{k}_token_id")) for k in ("bos", "eos")]
-    ends = [(k, i) for k, i in ends if i is not None and field(f"tokenizer.ggml.add_{k}_token", k == "bos")]
-    if ends:
-        bos = [tokens[i] for k, i in ends if k == "bos"]
-        eos = [tokens[i] for k, i in ends if k == "eos"]
-        backend.post_processor = processors.TemplateProcessing(
-            single=" ".join(bos + ["$A"] + eos), pair=" ".join(bos + ["$A"] + eos + bos + ["$B:1"] + eos),
-            special_tokens=[(tokens[i], int(i)) for _, i in ends])
+    ends = _ends_processor(field, tokens, add_bos_default=True)
+    if ends is not None:
+        backend.post_processor = ends
     return backend
+
+
+def _ends_processor(field, tokens: list[str], add_bos_default: bool):
+    """The post-processor that puts ``<bos>`` in front of (and ``<eos>`` after) an encoded text when the header's
+    ``tokenizer.ggml.add_bos_token`` (``add_eos_token``) says so, as llama.cpp does for a prompt; None when it
+    adds nothing. An absent ``add_bos_token`` counts as ``add_bos_default`` (llama.cpp: yes for SentencePiece,
+    and byte-level BPE files from its converter state it)."""
+    from tokenizers import processors
+
+    ends = [(k, field(f"tokenizer.ggml.{k}_token_id")) for k in ("bos", "eos")]
+    ends = [(k, int(i)) for k, i in ends
+            if i is not None and field(f"tokenizer.ggml.add_{k}_token", k == "bos" and add_bos_default)]
+    if not ends:
+        return None
+    bos = [tokens[i] for k, i in ends if k == "bos"]
+    eos = [tokens[i] for k, i in ends if k == "eos"]
+    return processors.TemplateProcessing(
+        single=" ".join(bos + ["$A"] + eos), pair=" ".join(bos + ["$A"] + eos + bos + ["$B:1"] + eos),
+        special_tokens=[(tokens[i], i) for _, i in ends])
 
 
 def _json(path: Path) -> dict:

@@ -55,6 +55,7 @@ def export(precision: str) -> Path:
 
 
 def test_manifest_and_tokenizer_equal_llamacpps():
+    from edgespec.io.encoding import PromptEncoder
     from edgespec.io.manifest import load_manifest
 
     d = export("fp32")
@@ -63,8 +64,10 @@ def test_manifest_and_tokenizer_equal_llamacpps():
     assert m.target.source_sha256 == VECTOR["gguf"]["sha256"]
     assert m.special_tokens.bos == 2 and 1 in m.special_tokens.stop
     tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    enc = PromptEncoder(tok)
     for case in VECTOR["generate"]:
         assert tok.encode(case["prompt"], add_special_tokens=True).ids == case["prompt_ids"], case["prompt"]
+        assert enc.encode(prompt=case["prompt"]) == case["prompt_ids"], case["prompt"]  # a raw prompt: <bos> first
     for case in VECTOR["tokenize"]:
         assert tok.encode(case["text"], add_special_tokens=False).ids == case["ids"], repr(case["text"])
 

@@ -32,10 +32,11 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def write_gguf(hf_dir: Path, path: Path, token_types: bool = True) -> dict:
+def write_gguf(hf_dir: Path, path: Path, token_types: bool = True, add_bos: bool | None = False) -> dict:
     """Write the HF model + tokenizer in ``hf_dir`` as an F32 qwen2 GGUF; returns ``{text: id}`` of the vocab.
 
-    ``token_types=False`` leaves out ``tokenizer.ggml.token_type`` (optional in the GGUF spec).
+    ``token_types=False`` leaves out ``tokenizer.ggml.token_type`` (optional in the GGUF spec);
+    ``add_bos`` is ``tokenizer.ggml.add_bos_token`` (None: the key is left out).
     """
     import gguf
     import torch
@@ -85,7 +86,8 @@ def write_gguf(hf_dir: Path, path: Path, token_types: bool = True) -> dict:
     w.add_eos_token_id(vocab["<|im_end|>"])
     w.add_pad_token_id(vocab["<|endoftext|>"])
     w.add_bos_token_id(vocab["<|endoftext|>"])
-    w.add_add_bos_token(False)
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
     w.add_chat_template(CHATML)
 
     from safetensors.torch import load_file
@@ -288,3 +290,28 @@ def test_gguf_without_token_types(home, hf_dir, tmp_path):
     assert info.eos == vocab["<|im_end|>"] and info.eos in info.stop
     tok = Tokenizer.from_str(info.tokenizer.backend_tokenizer.to_str())
     assert tok.encode("<|im_start|>", add_special_tokens=False).ids == [vocab["<|im_start|>"]]
+
+
+@pytest.mark.parametrize("add_bos", [True, False, None])
+def test_raw_prompt_gets_bos_when_the_header_says_so(home, hf_dir, tmp_path, add_bos):
+    """A byte-level BPE GGUF whose ``tokenizer.ggml.add_bos_token`` is true (Llama 3's) puts ``<bos>`` in front
+    of a raw prompt, as llama.cpp does; false or absent (Qwen's) puts nothing; chat messages get it from the
+    template alone."""
+    from tokenizers import Tokenizer
+
+    from edgespec.export.load import describe
+    from edgespec.export.sources import resolve_model
+    from edgespec.io.encoding import PromptEncoder
+    from edgespec.io.text import ChatTemplate
+
+    path = tmp_path / "bos.gguf"
+    vocab = write_gguf(hf_dir, path, add_bos=add_bos)
+    info = describe(resolve_model(str(path)), "target")
+    tok = Tokenizer.from_str(info.tokenizer.backend_tokenizer.to_str())
+    enc = PromptEncoder(tok, ChatTemplate(CHATML))
+    text = tok.encode("def f(x):\n    return x", add_special_tokens=False).ids
+    bos = [vocab["<|endoftext|>"]] if add_bos else []
+    assert enc.encode(prompt="def f(x):\n    return x") == bos + text
+    chat = enc.encode(messages=[{"role": "user", "content": "hi"}])
+    assert chat[0] == vocab["<|im_start|>"] and vocab["<|endoftext|>"] not in chat
+    assert tok.decode(bos + text, skip_special_tokens=True) == "def f(x):\n    return x"

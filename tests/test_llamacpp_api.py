@@ -195,3 +195,27 @@ def test_errors_are_llamacpp_error_objects(server, method, path, body, status):
     assert e.value.code == status and set(r["error"]) == {"code", "message", "type"} and r["error"]["code"] == status
     assert r["error"]["type"] == ("not_supported_error" if status == 501 else "invalid_request_error")
     assert server.health()["running"] is False
+
+
+def test_completion_prompt_gets_bos_as_llamacpps():
+    """A tokenizer that puts <bos> in front of a text (Gemma's, Llama 3's): a string prompt gets it, and of a
+    prompt given in parts only the first part, when it is a string (llama.cpp's ``tokenize_mixed``)."""
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from edgespec.apps.llama_serve import completion_ids
+    from edgespec.io.encoding import PromptEncoder
+
+    tok = Tokenizer(models.WordLevel({"<bos>": 0, "a": 1, "b": 2}, unk_token="a"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 0)])
+    enc = PromptEncoder(tok)
+    dec = SimpleNamespace(tokenizer=tok, encode=lambda prompt: enc.encode(prompt=prompt))
+
+    def ids(prompt):
+        return completion_ids(dec, parse_completion({"prompt": prompt}, 3))
+
+    assert ids("a b") == [0, 1, 2]
+    assert ids(["a", 2, "b"]) == [0, 1, 2, 2]
+    assert ids([1, "b a"]) == [1, 2, 1]

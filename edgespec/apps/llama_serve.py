@@ -23,14 +23,15 @@ PROPS_READ_ONLY = "this server does not support changing global properties (llam
 
 def completion_ids(decoder, req) -> list[int]:
     """The prompt of a ``/completion`` request as token ids: its text encoded as a raw prompt (control-token
-    text is markup, as llama.cpp's ``parse_special``), or its parts joined (strings encoded, ids as given).
-    Raises RequestError (400)."""
+    text is markup, as llama.cpp's ``parse_special``), or its parts joined (strings encoded, ids as given; a first
+    part that is a string gets the tokenizer's ``<bos>`` as a raw prompt does, as llama.cpp's). Raises
+    RequestError (400)."""
     try:
         if req.prompt is not None:
             return decoder.encode(req.prompt)
         ids: list[int] = []
-        for p in req.prompt_parts:
-            ids += decoder.tokenizer.encode(p, add_special_tokens=False).ids if isinstance(p, str) else list(p)
+        for i, p in enumerate(req.prompt_parts):
+            ids += decoder.tokenizer.encode(p, add_special_tokens=i == 0).ids if isinstance(p, str) else list(p)
     except ValueError as e:
         raise RequestError(400, str(e), "prompt") from None
     if not ids:

@@ -33,7 +33,8 @@ class PromptEncoder:
         """Token ids int64 of a raw prompt, or of chat ``messages`` rendered with the chat template.
 
         Message content is plain text: control-token text in it (``<|im_end|>``) does not become a control
-        token (:func:`~edgespec.io.text.encode_chat`); a raw prompt is the caller's own markup and may hold them.
+        token (:func:`~edgespec.io.text.encode_chat`); a raw prompt is the caller's own markup and may hold them,
+        and gets the special tokens the tokenizer puts around a text (``<bos>`` for Gemma and Llama 3, none for Qwen).
         ``tools`` (OpenAI tool objects) are passed to the chat template, which renders them.
 
         Raises:
@@ -48,7 +49,9 @@ class PromptEncoder:
                 raise ValueError("this export has no chat template; pass a raw prompt")
             ids = encode_chat(self.tokenizer, lambda: self.plain_tokenizer, self.template, messages, tools=tools)
         else:
-            ids = self.tokenizer.encode(check_text(prompt, "prompt"), add_special_tokens=False).ids
+            # the tokens the tokenizer adds to a text (Gemma's and Llama 3's <bos>; none for Qwen), as llama.cpp
+            # and Hugging Face do for a prompt
+            ids = self.tokenizer.encode(check_text(prompt, "prompt"), add_special_tokens=True).ids
         if not ids:
             raise ValueError("the prompt is empty")
         return ids

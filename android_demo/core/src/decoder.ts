@@ -141,7 +141,9 @@ export class SpecDecoder {
       });
       text = this.template.render(messages);
     }
-    const ids = this.tokenizer.encode(text);
+    // a raw prompt gets the tokenizer's <bos> (as the Python runtime, llama.cpp and Hugging Face); rendered
+    // messages have it from the template
+    const ids = this.tokenizer.encode(text, messages === undefined);
     if (!ids.length) throw new EdgespecError("the prompt is empty");
     return ids;
   }

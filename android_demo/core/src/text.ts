@@ -20,7 +20,7 @@ export interface ChatMessage {
 export const TEXT_TOKENS: ReadonlySet<string> = new Set(["<tool_call>", "</tool_call>", "<|fim_prefix|>",
   "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"]);
 
-/** The export's tokenizer: ids are plain numbers; no special tokens are added on encode. */
+/** The export's tokenizer: ids are plain numbers; special tokens are added on encode only when asked (a raw prompt). */
 export class TextTokenizer {
   private readonly tok: Tokenizer;
   private readonly control: ReadonlySet<number>; // special added tokens that decoding drops
@@ -37,9 +37,10 @@ export class TextTokenizer {
     this.control = control;
   }
 
-  /** Token ids of `text` (control tokens such as `<|fim_prefix|>` map to their single id). */
-  encode(text: string): number[] {
-    return this.tok.encode(text, { add_special_tokens: false }).ids;
+  /** Token ids of `text` (control tokens such as `<|fim_prefix|>` map to their single id); with `addSpecial`, the
+   * tokens the tokenizer puts around a text too (Gemma's and Llama 3's `<bos>`; none for Qwen), as for a raw prompt. */
+  encode(text: string, addSpecial = false): number[] {
+    return this.tok.encode(text, { add_special_tokens: addSpecial }).ids;
   }
 
   /** Text of `ids`; control tokens are dropped (TEXT_TOKENS kept) unless `skipSpecialTokens` is false. */

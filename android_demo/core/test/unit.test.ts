@@ -11,6 +11,7 @@ import { parseManifest } from "../src/manifest.js";
 import { causalMask, treeFeeds } from "../src/model.js";
 import { readNpyInt64 } from "../src/npy.js";
 import { Rng } from "../src/rng.js";
+import { TextTokenizer } from "../src/text.js";
 import { acceptReject, greedyAccept, probs, sample, samplingParams } from "../src/sampling.js";
 
 test("Rng: same seed, same stream; uniform in [0, 1)", () => {
@@ -383,4 +384,21 @@ test("compareRows: a swapped near-tie passes; another candidate or a wrong argma
   assert.match(compareRows(1, top2(ref), 3, Float32Array.from([0, 2.0, 1.0, 2.1])).problem!, /other tokens on top/);
   assert.match(compareRows(1, top2(ref), 2, ref).problem!, /not its own side's token/);
   assert.deepEqual(top2([1, 3, 3, 2]), [[1, 3], [2, 3]]);
+});
+
+test("TextTokenizer: <bos> from the tokenizer's post-processor only when asked (a raw prompt), as the Python runtime", () => {
+  const json = JSON.stringify({
+    version: "1.0", truncation: null, padding: null, normalizer: null, decoder: null,
+    added_tokens: [{ id: 0, content: "<bos>", single_word: false, lstrip: false, rstrip: false, normalized: false, special: true }],
+    pre_tokenizer: { type: "Whitespace" },
+    post_processor: {
+      type: "TemplateProcessing", single: [{ SpecialToken: { id: "<bos>", type_id: 0 } }, { Sequence: { id: "A", type_id: 0 } }],
+      pair: [{ Sequence: { id: "A", type_id: 0 } }, { Sequence: { id: "B", type_id: 1 } }],
+      special_tokens: { "<bos>": { id: "<bos>", ids: [0], tokens: ["<bos>"] } },
+    },
+    model: { type: "WordLevel", vocab: { "<bos>": 0, a: 1, b: 2 }, unk_token: "a" },
+  });
+  const tok = new TextTokenizer(json);
+  assert.deepEqual(tok.encode("a b"), [1, 2]);
+  assert.deepEqual(tok.encode("a b", true), [0, 1, 2]);
 });
