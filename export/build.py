@@ -381,8 +381,6 @@ def _derive_kv_int8(info: ModelInfo, role: str, base: Path, base_meta: dict, fin
     """The ``--kv-int8`` graph made from the cached float32-cache graph ``base`` of the same weights and options:
     its data files hard-linked, its graphs rewritten (:func:`_kv_int8`), in a third of the time of a new
     export."""
-    from .validate import validation_ids
-
     tmp = final.with_name(final.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -393,7 +391,7 @@ def _derive_kv_int8(info: ModelInfo, role: str, base: Path, base_meta: dict, fin
         for f in base_meta["files"]:
             if f != "model.onnx":  # the prefill graph keeps its float32 cache: linked as it is
                 _link_or_copy(base / f, tmp / f)
-        ids = validation_ids(info.tokenizer, QUANT_POSITIONS, info.logits_width)
+        ids = _validation_ids(info)
         val = dict(base_meta["validation"])
         val["kv_int8"] = _kv_int8(info, base / "model.onnx", tmp, ids, spec.num_layers, spec.num_kv_heads,
                                   spec.head_dim, base / spec.prefill_path if spec.prefill_path else None)
@@ -403,6 +401,15 @@ def _derive_kv_int8(info: ModelInfo, role: str, base: Path, base_meta: dict, fin
         shutil.rmtree(tmp, ignore_errors=True)
     _print_validation(role, meta)
     return final, meta
+
+
+def _validation_ids(info: ModelInfo):
+    """int64 (n,) token ids an export is validated on: :data:`QUANT_POSITIONS`, or the model's context where
+    that is shorter (a small model's 128 positions)."""
+    from .validate import validation_ids
+
+    return validation_ids(info.tokenizer, min(QUANT_POSITIONS, int(info.config.max_position_embeddings)),
+                          info.logits_width)
 
 
 def _context(graph: Path, info: ModelInfo) -> int:
@@ -428,7 +435,7 @@ def _build_streamed(info: ModelInfo, opts: ExportOptions, role: str, final: Path
     from .families.base import build
     from .gqa_graph import GraphBuilder
     from .validate import (AGREEMENT_FLOOR, FP32_TOLERANCE, _agreement, graph_logits, reference_logits,
-                           validate_reference, validation_ids)
+                           validate_reference)
 
     tmp = final.with_name(final.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -460,7 +467,7 @@ def _build_streamed(info: ModelInfo, opts: ExportOptions, role: str, final: Path
             del proto
             gc.collect()
             bar.set_description(f"{role}: validate against the source"); bar.update()
-            ids = validation_ids(info.tokenizer, QUANT_POSITIONS, info.logits_width)
+            ids = _validation_ids(info)
             ref = reference_logits(src, ids)
             val["reference"] = rv = validate_reference(ref, out, ids, layers, kv, hd, kept)
             if opts.precision == "fp32" and kept is None and rv["max_abs_logit_error"] > FP32_TOLERANCE:
@@ -529,7 +536,7 @@ def _build_torch(info: ModelInfo, opts: ExportOptions, role: str, final: Path) -
     from .gqa_graph import export_format3
     from .onnx_graph import kv_shape
     from .traced_graph import export_onnx
-    from .validate import FP32_TOLERANCE, validate_fp32, validate_quantized, validation_ids
+    from .validate import FP32_TOLERANCE, validate_fp32, validate_quantized
 
     tmp = final.with_name(final.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -548,7 +555,7 @@ def _build_torch(info: ModelInfo, opts: ExportOptions, role: str, final: Path) -
                 ins, outs = (export_format3 if opts.graph_format == 3 else export_onnx)(model, fp32)
             bar.set_description(f"{role}: validate fp32"); bar.update()
             layers, kv, hd = kv_shape(model.config)
-            ids = validation_ids(info.tokenizer, QUANT_POSITIONS, info.logits_width)
+            ids = _validation_ids(info)
             val = {"fp32": validate_fp32(model, fp32, ids)}
             del model
             gc.collect()

@@ -9,6 +9,7 @@ import pytest
 
 from edgespec.errors import EdgespecError
 from edgespec.io.manifest import load_manifest
+from tinymodels import build_model
 
 
 def test_manifest_and_graph_contract(tiny_export):
@@ -100,6 +101,19 @@ def test_llama_family_int8_and_int4(home, tiny_dirs, tmp_path):
         q = g.validation["reference"]
         assert q["positions"] == 256 and q["kl_mean"] >= 0 and 0.5 <= q["greedy_agreement"] <= 1 and q["max_abs_logit_error"] >= 0
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_model_with_a_context_shorter_than_the_validation_prompt(home, tmp_path, precision):
+    """A model of 128 positions is validated on 128 tokens, not on the usual 256 (which it cannot take)."""
+    from edgespec.export import ExportOptions, export_pair
+
+    short = build_model(tmp_path / "short", "qwen2", seed=3, context=128)
+    opts = ExportOptions(precision, block_size=16) if precision == "int4" else ExportOptions(precision)
+    out = export_pair(str(short), str(short), tmp_path / "pair", opts, opts)
+    m = load_manifest(out)
+    assert m.target.validation["reference"]["positions"] == 128
+    assert m.target.context_length == m.draft.context_length == 128
 
 
 def test_second_export_reuses_the_cache(home, tiny_dirs, tiny_export, tmp_path, capfd):
