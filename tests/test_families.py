@@ -300,7 +300,6 @@ def test_gguf6_keeps_the_tensors_the_file_stores_at_six_bits_or_more(family, fam
     """``+gguf6=8`` names the matmuls holding a weight the GGUF stores at 6 bits or more: from an F32 file every
     matmul the family writes (its names are the writers' own), from a Q4_0 file with Q8_0 down projections and
     layer-0 attention those alone; the graph written with them has exactly those MatMulNBits at 8 bits."""
-    import onnx
     from onnx import helper
 
     from edgespec.export.build import resolve_bits

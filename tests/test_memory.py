@@ -184,7 +184,6 @@ def test_memory_setting_names():
 # ---- the quantized token embedding (graph format 3, revision 2) ----
 
 def _gather_graph(table: np.ndarray):
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     g = helper.make_graph([helper.make_node("Gather", ["embed", "input_ids"], ["h"], name="embed/Gather")], "g",

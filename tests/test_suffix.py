@@ -6,7 +6,7 @@ import pytest
 
 from edgespec.control.adaptive import AdaptiveK, CostModel
 from edgespec.engine.decoder import SpecDecoder
-from edgespec.core.sampling import SamplingParams, probs, sample, verify_tree
+from edgespec.core.sampling import SamplingParams, probs, verify_tree
 from edgespec.draft.suffix import SuffixIndex, SuffixTree, _resample, _trie
 
 

@@ -181,7 +181,6 @@ def llama_last(engine, job, text: str, finish: str, stats, cached: int, queue_ms
 
 def routes(engine, max_body_bytes: int) -> list:
     """The starlette routes: /infill, /api/generate."""
-    from starlette.concurrency import run_in_threadpool
     from starlette.requests import ClientDisconnect
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
