@@ -11,7 +11,8 @@ within :data:`NEAR_TIE` of each other either may win.
 
 Measured 2026-12-04 (AMD EPYC Zen 4, onnxruntime's CPU kernels), tokens equal to llama.cpp's per prompt: fp32 15,
 24, 24, 2 and 16 of 16 after the long prompt (the export's gaps at the differences 0.012 and 0.167 logits) and int8
-15, 24, 4, 2 and 9 or 16 of 16 (0.041, 0.071, 0.295; two runs of the long prompt differed at a 0.21 tie). The
+15, 24, 4, 2 and 9 or 16 of 16 (0.041, 0.071, 0.295; two runs of the long prompt differed at a 0.21 tie); on an
+AVX2-only EPYC (2026-12-07) int8 gave 11, 24, 4, 2 and 16, so only fp32's counts are asserted as floors. The
 default int4 export (weights quantized again to 4 bits, blocks of 32) gives 1, 2, 1, 2: for this small model it
 leaves the GGUF's own greedy path within a few tokens (its export validation: 65% greedy agreement with the
 dequantized weights, KL 0.9; an 8-bit head or accuracy level 1 change little), so int4 is not asserted here.
@@ -37,7 +38,9 @@ RECIPE = "gemma-3-270m"
 # logits: llama.cpp's 8-bit activations move this model's logits by ~0.1-0.2; int8 weights add their own noise
 # (its validation against the dequantized weights: max |Δ logit| 3.5, KL 0.01 over 256 positions)
 NEAR_TIE = {"fp32": 0.25, "int8": 0.5}
-MEASURED = {"fp32": [15, 24, 24, 2, 16], "int8": [15, 24, 4, 2, 9]}  # tokens equal to llama.cpp's, per prompt
+# tokens equal to llama.cpp's, per prompt, at least; int8's near ties move with the CPU's int8 kernels (AVX2-only
+# EPYC, 2026-12-07: 11, 24, 4, 2, 16), so for int8 only the near tie is asserted
+MEASURED = {"fp32": [15, 24, 24, 2, 16]}
 
 
 def export(precision: str) -> Path:
@@ -94,4 +97,4 @@ def test_plain_greedy_equals_llamacpp_until_a_near_tie(precision):
             print(f"{precision} {case['prompt']!r}: {n}/{len(want)} equal, then ours {got[n]} over llama.cpp's "
                   f"{want[n]} by {gap:.3f}")
             assert abs(gap) < NEAR_TIE[precision], (case["prompt"], n, gap)
-    assert all(e >= m for e, m in zip(equal, MEASURED[precision])), equal
+    assert all(e >= m for e, m in zip(equal, MEASURED.get(precision, []))), equal

@@ -244,8 +244,8 @@ def test_sigint_at_any_moment_of_start_up(tiny_export, home):
         time.sleep(delay)
         p.send_signal(signal.SIGINT)
         err = p.communicate(timeout=120)[1].decode()
-        if "init_import_site" in err or p.returncode == -signal.SIGINT:
-            continue  # the interpreter had not reached edgespec yet
+        if "init_import_site" in err or "Could not import runpy module" in err or p.returncode == -signal.SIGINT:
+            continue  # the interpreter had not reached edgespec yet (site, or runpy for -m: an AVX2 EPYC CI run)
         assert "Traceback" not in err, (delay, err)
         assert p.returncode in (0, 130), (delay, p.returncode, err)
         ours += p.returncode == 130 and err.rstrip().endswith("edgespec: interrupted")

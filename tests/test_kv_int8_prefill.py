@@ -11,6 +11,7 @@ import pytest
 
 from edgespec import SpecDecoder
 from edgespec.bench.evaluate import greedy_check
+from edgespec.core.sampling import SamplingParams
 from edgespec.errors import EdgespecError
 from edgespec.io import onnx_model as om
 from edgespec.io.manifest import load_manifest
@@ -314,3 +315,23 @@ def test_a_finished_prefill_frees_the_float32_copy(exports):
     dec = SpecDecoder.load(exports["int8"])
     dec.cache_prefix(IDS[:150])
     assert dec.tcache.length >= 149 and dec.tcache._float32 is None
+
+
+@pytest.mark.parametrize("cache", ["float32", "int8"])
+def test_the_first_token_is_chosen_as_where_the_prompt_is_cached(exports, cache):
+    """The prefill graph writes the prompt's cache; its last token runs alone on the graph itself, so a prompt asked
+    again (the cache reused, the last token run again) is offered the very same first row (the AVX2 EPYC's server
+    answered a repeated tools request '{{' in place of '```json': int8 weights moved a near tie)."""
+    dec = SpecDecoder.load(exports[cache])
+    rows = []
+    dec.processor = lambda ids, logits: rows.append(np.array(logits)) or logits
+    ids = IDS[:150]
+    sp = SamplingParams(0.0)
+    for _ in range(2):  # the second reuses positions 0..148
+        dec.prefill(ids, sp, np.random.default_rng(0))
+    dec.reset()
+    dec.cache_prefix(ids)  # a server's fixed system prompt: ids[:-1] cached ahead
+    dec.prefill(ids, sp, np.random.default_rng(0))
+    assert len(rows) == 3
+    assert np.array_equal(rows[0], rows[1]) and np.array_equal(rows[0], rows[2])
+    assert dec.target.prefill_session is not None

@@ -102,26 +102,39 @@ def test_the_prompt_with_tools_is_the_one_transformers_renders(dec, real_export)
 
 
 def test_auto_the_models_json_block_is_a_tool_call_streamed_and_not(real_export, tmp_path):
-    """``tool_choice`` "auto": asked about the weather in Paris, Qwen2.5-Coder-1.5B answers a ```json block holding
-    ``{"name": "get_weather", "arguments": {"city": "Paris"}}`` rather than a ``<tool_call>`` block (the prompt is
-    the template's own, token for token as transformers renders it); that answer is one call, finish_reason
-    "tool_calls", and the stream shows no content before it (issue 43)."""
+    """``tool_choice`` "auto": asked about the weather in Paris, Qwen2.5-Coder-1.5B answers outside the
+    ``<tool_call>`` tags (the prompt is the template's own, token for token as transformers renders it). On the Zen 4
+    and Xeon CPUs it answers a ```json block holding ``{"name": "get_weather", "arguments": {"city": "Paris"}}``: one
+    call, finish_reason "tool_calls", no content (issue 43). On the AVX2-only EPYC (2026-12-07) its first token is
+    ``{{`` (a near tie with the fence: 0.3 logits) and the answer ``{{"name": ...}}}`` is not JSON: text, finish_reason
+    "stop". Either way the stream says what the whole answer says, and asking twice (the cached prompt reused) gives
+    the same answer."""
+    from edgespec.apps.tools import whole_calls
     from test_serve import Server
 
     s = Server(real_export, tmp_path, tmp_path / "serve.log")
     try:
         kw = dict(model="edgespec", messages=[{"role": "user", "content": "What is the weather in Paris?"}],
                   tools=TOOLS, tool_choice="auto", max_tokens=120, temperature=0)
-        ch = s.client.chat.completions.create(**kw).choices[0]
-        assert ch.finish_reason == "tool_calls" and ch.message.content is None and len(ch.message.tool_calls) == 1
-        call = ch.message.tool_calls[0].function
-        assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
-        text, calls, finish = "", [], None
+        answers = []
+        for _ in range(2):
+            m = s.client.chat.completions.create(**kw).choices[0]
+            answers.append((m.message.content, [(c.function.name, c.function.arguments)
+                                                for c in m.message.tool_calls or []], m.finish_reason))
+        assert answers[0] == answers[1]
+        content, calls, finish = answers[0]
+        if calls:
+            assert finish == "tool_calls" and content is None and len(calls) == 1
+            assert calls[0][0] == "get_weather" and json.loads(calls[0][1]) == {"city": "Paris"}
+        else:
+            print(f"the model answered text: {content!r}")
+            assert finish == "stop" and content and whole_calls(content, ["get_weather"]) is None
+        text, names, finish = "", [], None
         for c in s.client.chat.completions.create(stream=True, **kw):
             d = c.choices[0]
             text += d.delta.content or ""
-            calls += [t.function for t in d.delta.tool_calls or [] if t.function.name]
+            names += [t.function.name for t in d.delta.tool_calls or [] if t.function.name]
             finish = d.finish_reason or finish
-        assert (text, [t.name for t in calls], finish) == ("", ["get_weather"], "tool_calls")
+        assert (text, names, finish) == (content or "", [name for name, _ in calls], answers[0][2])
     finally:
         s.close()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.coupling import GumbelCoupling
-from ..engine.decoder import forward_tokens
+from ..engine.decoder import forward_tokens, prompt_logits
 from ..engine.generation import GenerationOptions
 from ..control.kpolicy import FixedK
 from ..core.round import RoundPlan
@@ -140,9 +140,9 @@ def replay_verify(decoder, input_ids: list[int], first_token: int, rounds, keep_
     """Replay a generation's verify calls on a clean target cache and check its tokens against them.
 
     ``rounds`` are the generation's :class:`~edgespec.core.round.RoundResult` in order (each with its ``tree``
-    and ``start``); the prompt ``input_ids`` is fed as a fresh prefill feeds it (chunks, head on the last
-    row), whose argmax must be ``first_token`` (token 0). Round r's verify call is rebuilt here, independently of the decoder: ids
-    ``[last] + tree.tokens``, positions L + (0, depths), a causal mask for a chain or the ancestor mask for a
+    and ``start``); the prompt ``input_ids`` is fed as a fresh prefill feeds it
+    (:func:`~edgespec.engine.decoder.prompt_logits`), whose argmax must be ``first_token`` (token 0). Round r's
+    verify call is rebuilt here, independently of the decoder: ids ``[last] + tree.tokens``, positions L + (0, depths), a causal mask for a chain or the ancestor mask for a
     tree; the walk follows the committed tokens; then the cache is cropped to the committed prefix (a chain's
     length, a tree's accepted rows gathered). Tokens at index ≥ ``upto`` are not checked. ``score(row, n)``
     maps a row at absolute position n to what the token is the argmax of (default: the logits themselves).
@@ -154,7 +154,7 @@ def replay_verify(decoder, input_ids: list[int], first_token: int, rounds, keep_
     cache = target.new_cache()
     score = score or (lambda row, n: row)
     P = len(input_ids)
-    row = score(forward_tokens(target, list(input_ids), cache), P)
+    row = score(prompt_logits(target, list(input_ids), cache), P)
     tokens = list(input_ids)
     out = {"mismatch": None, "row": row if keep_row == 0 else None}
     if int(np.argmax(row)) != first_token:
@@ -210,7 +210,7 @@ def plain_row(decoder, input_ids: list[int], new_ids: list[int]) -> np.ndarray:
     them (the prompt in prefill chunks, then one-token steps), so that a near-tie is measured on the very
     numbers the plain run compared."""
     cache = decoder.target.new_cache()
-    row = forward_tokens(decoder.target, input_ids, cache)
+    row = prompt_logits(decoder.target, input_ids, cache)
     for t in new_ids:
         row = decoder.target.forward([t], cache)[-1]
     return row
@@ -285,7 +285,7 @@ def kernel_noise(decoder, prompts_ids: list[list[int]], ks=(1, 2, 4), max_new_to
     per_k = {int(k): {"max_abs": [], "mean_abs": [], "flips": 0} for k in ks}
     for ids in prompts_ids:
         cache = target.new_cache()
-        row = forward_tokens(target, list(ids), cache)
+        row = prompt_logits(target, list(ids), cache)
         P, gen, rows = len(ids), [int(np.argmax(row))], []
         n = min(max_new_tokens, decoder.context_length - P - 1)
         for j in range(n):  # rows[j]: the one-token step that feeds gen[j] (position P + j)

@@ -31,7 +31,8 @@ from ..draft.model import DraftModel
 from ..io.encoding import PromptEncoder
 from ..io.loading import check_export, open_export
 from ..io.manifest import Manifest
-from ..io.onnx_model import CPU, KVCache, OnnxLM, SessionMemory, resolve_provider, use_shared_thread_pool
+from ..io.onnx_model import (CPU, PREFILL_GRAPH_ROWS, KVCache, OnnxLM, SessionMemory, resolve_provider,
+                             use_shared_thread_pool)
 from ..io.text import ChatTemplate
 from .generation import Generation, GenerationOptions, run_rounds
 
@@ -50,6 +51,19 @@ def forward_tokens(lm, ids: list[int], cache) -> np.ndarray | None:
     if hasattr(cache, "drop_float32"):  # an in-place cache (formats 1-2 and 4 have no copy)
         cache.drop_float32()
     return None if logits is None else logits[-1]
+
+
+def prompt_logits(lm, ids: list[int], cache) -> np.ndarray | None:
+    """Run a prompt's ``ids`` after ``cache`` as a generation's prefill runs them and return the last position's
+    logits float32 (V,) (None for no ids): :func:`forward_tokens`, except that where the export's int8 prefill
+    graph takes the chunks (more than :data:`~edgespec.io.onnx_model.PREFILL_GRAPH_ROWS` ids) the last id runs
+    alone on the graph itself. So the first new token, like every later one, is chosen from the graph's logits,
+    and a prompt whose cache is reused (its last token always runs, :meth:`SpecDecoder.cached_tokens`) gets the
+    same one; the prefill graph's own last row can differ at a near tie (int8 weights)."""
+    if getattr(lm, "prefill_session", None) is None or len(ids) <= PREFILL_GRAPH_ROWS:
+        return forward_tokens(lm, ids, cache)
+    forward_tokens(lm, ids[:-1], cache)
+    return lm.forward(ids[-1:], cache)[-1]
 
 
 feed = forward_tokens  # the former name (``edgespec.decoder.feed``)
@@ -257,7 +271,7 @@ class SpecDecoder:
             self.draft_model.set_prompt(self.tokens, ids, draft_prompt)
         self.tcache.crop(keep)  # drop what the new prompt does not share
         self.tokens = list(ids)
-        logits = forward_tokens(self.target, ids[self.tcache.length:], self.tcache)
+        logits = prompt_logits(self.target, ids[self.tcache.length:], self.tcache)
         if self.processor is not None:  # edgespec.core.processors: penalties, logit bias, grammar mask
             logits = self.processor(ids, logits)
         p = probs(logits, sp)
