@@ -142,10 +142,11 @@ def replay_verify(decoder, input_ids: list[int], first_token: int, rounds, keep_
     ``rounds`` are the generation's :class:`~edgespec.core.round.RoundResult` in order (each with its ``tree``
     and ``start``); the prompt ``input_ids`` is fed as a fresh prefill feeds it
     (:func:`~edgespec.engine.decoder.prompt_logits`), whose argmax must be ``first_token`` (token 0). Round r's
-    verify call is rebuilt here, independently of the decoder: ids ``[last] + tree.tokens``, positions L + (0, depths), a causal mask for a chain or the ancestor mask for a
-    tree; the walk follows the committed tokens; then the cache is cropped to the committed prefix (a chain's
-    length, a tree's accepted rows gathered). Tokens at index ≥ ``upto`` are not checked. ``score(row, n)``
-    maps a row at absolute position n to what the token is the argmax of (default: the logits themselves).
+    verify call is rebuilt here, independently of the decoder: ids ``[last] + tree.tokens``, positions
+    L + (0, depths), a causal mask for a chain or the ancestor mask for a tree; the walk follows the committed
+    tokens; then the cache is cropped to the committed prefix (a chain's length, a tree's accepted rows
+    gathered). Tokens at index ≥ ``upto`` are not checked. ``score(row, n)`` maps a row at absolute
+    position n to what the token is the argmax of (default: the logits themselves).
 
     Returns ``mismatch`` (None, or (index, committed token, the replay's argmax) of the first disagreement)
     and ``row`` (the replayed verify row float32 (V,) that chose token ``keep_row``, if asked).
